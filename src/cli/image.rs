@@ -1,0 +1,309 @@
+//! `bootfleet image ...`: publish, list, show, tag, history, verify, gc.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::Subcommand;
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use reqwest::Method;
+
+use super::client::Client;
+use super::output::{OutputFormat, emit, human_bytes};
+use crate::http::ImageDetail;
+use crate::image::refs::{ImageRef, TagName};
+use crate::registry::{FullVerifyReport, GcReport, PublishOutcome, TagResult};
+use crate::store::{ImageRecord, TagMove};
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Publish a bundle (tar, tar.gz, tar.zst) or a directory holding manifest.toml.
+    Publish {
+        path: PathBuf,
+        /// Also point this tag (NAME:TAG) at the published image.
+        #[arg(long)]
+        tag: Option<String>,
+    },
+    /// List published images.
+    List,
+    /// Show one image: REF is sha256:<hex>, NAME:VERSION or NAME:TAG.
+    Show { reference: String },
+    /// Point NAME:TAG at REF (a rollback is a tag back to the previous digest).
+    Tag { reference: String, tag: String },
+    /// Every move of NAME:TAG: who, when, from, to.
+    History { tag: String },
+    /// Re-hash every blob; quarantine the ones that no longer match.
+    Verify,
+    /// Remove blobs that no image references.
+    Gc,
+}
+
+pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyhow::Result<()> {
+    match cmd {
+        ImageCommand::Publish { path, tag } => {
+            if let Some(t) = &tag {
+                TagName::parse(t)?;
+            }
+            let result = publish(client, &path, tag.as_deref()).await?;
+            emit(out, &result, |r| {
+                let what = if r.created {
+                    "published"
+                } else {
+                    "already published"
+                };
+                println!("{what} {}:{} {}", r.name, r.version, r.digest);
+                if let Some(t) = &r.tag {
+                    println!("tagged {} -> {}", t.tag, t.digest);
+                }
+            })
+        }
+        ImageCommand::List => {
+            let images: Vec<ImageRecord> = client
+                .send(client.request(Method::GET, "/api/v1/images"))
+                .await?;
+            emit(out, &images, |images| {
+                println!(
+                    "{:<24} {:<20} {:<20} {:>10}  DIGEST",
+                    "NAME", "VERSION", "TAGS", "SIZE"
+                );
+                for i in images {
+                    let size: u64 = i.artifacts.iter().map(|a| a.size).sum();
+                    let tags: Vec<&str> = i
+                        .tags
+                        .iter()
+                        .map(|t| t.split_once(':').map_or(t.as_str(), |x| x.1))
+                        .collect();
+                    println!(
+                        "{:<24} {:<20} {:<20} {:>10}  {}",
+                        i.name,
+                        i.version,
+                        tags.join(","),
+                        human_bytes(size),
+                        i.digest
+                    );
+                }
+            })
+        }
+        ImageCommand::Show { reference } => {
+            let r = ImageRef::parse(&reference)?;
+            let detail: ImageDetail = client
+                .send(client.request(Method::GET, &format!("/api/v1/images/{r}")))
+                .await?;
+            emit(out, &detail, |d| {
+                let i = &d.image;
+                println!("image:    {}:{}", i.name, i.version);
+                println!("digest:   {}", i.digest);
+                println!("created:  {}", i.created_at);
+                println!("tags:     {}", i.tags.join(", "));
+                println!("artifacts:");
+                for a in &i.artifacts {
+                    println!(
+                        "  {:<7} {:<32} {:>10}  {}",
+                        a.role.as_str(),
+                        a.path,
+                        human_bytes(a.size),
+                        a.digest
+                    );
+                }
+                println!("manifest:\n{}", d.manifest.trim_end());
+            })
+        }
+        ImageCommand::Tag { reference, tag } => {
+            let r = ImageRef::parse(&reference)?;
+            let t = TagName::parse(&tag)?;
+            let result: TagResult = client
+                .send(
+                    client
+                        .request(Method::PUT, &format!("/api/v1/tags/{}/{}", t.name, t.tag))
+                        .json(&serde_json::json!({ "image": r.to_string() })),
+                )
+                .await?;
+            emit(out, &result, |r| match (&r.from, r.changed) {
+                (_, false) => println!("{} already points to {}", r.tag, r.digest),
+                (Some(from), true) => println!("{}: {} -> {}", r.tag, from, r.digest),
+                (None, true) => println!("{} -> {} (new tag)", r.tag, r.digest),
+            })
+        }
+        ImageCommand::History { tag } => {
+            let t = TagName::parse(&tag)?;
+            let moves: Vec<TagMove> = client
+                .send(client.request(
+                    Method::GET,
+                    &format!("/api/v1/tags/{}/{}/history", t.name, t.tag),
+                ))
+                .await?;
+            emit(out, &moves, |moves| {
+                for m in moves {
+                    let from = m
+                        .from
+                        .map(|d| d.to_string())
+                        .unwrap_or_else(|| "(new)".into());
+                    println!("{}  {}  {} -> {}", m.at, m.actor, from, m.to);
+                }
+            })
+        }
+        ImageCommand::Verify => {
+            let report: FullVerifyReport = client
+                .send(client.request(Method::POST, "/api/v1/blobs/verify"))
+                .await?;
+            emit(out, &report, |r| {
+                println!(
+                    "checked {} blobs ({})",
+                    r.blobs.checked,
+                    human_bytes(r.blobs.bytes)
+                );
+                for d in &r.blobs.quarantined {
+                    println!("QUARANTINED {d}: content does not match its digest");
+                }
+                for d in &r.missing {
+                    println!(
+                        "MISSING {d}: needed by an image; publish that image again to restore it"
+                    );
+                }
+                if r.blobs.quarantined.is_empty() && r.missing.is_empty() {
+                    println!("all blobs intact");
+                }
+            })?;
+            if !report.blobs.quarantined.is_empty() || !report.missing.is_empty() {
+                bail!("verify found damaged or missing blobs");
+            }
+            Ok(())
+        }
+        ImageCommand::Gc => {
+            let report: GcReport = client
+                .send(client.request(Method::POST, "/api/v1/blobs/gc"))
+                .await?;
+            emit(out, &report, |r| {
+                println!(
+                    "removed {} blobs, freed {}, kept {}",
+                    r.removed.len(),
+                    human_bytes(r.bytes_freed),
+                    r.kept
+                );
+            })
+        }
+    }
+}
+
+/// Streams the bundle (a file as is, a directory as a tar made on the fly) to the server.
+async fn publish(
+    client: &Client,
+    path: &Path,
+    tag: Option<&str>,
+) -> anyhow::Result<PublishOutcome> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (stream, total): (
+        futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>,
+        Option<u64>,
+    ) = if meta.is_dir() {
+        if !path.join(crate::image::bundle::MANIFEST_NAME).is_file() {
+            bail!("{} has no manifest.toml", path.display());
+        }
+        (tar_directory(path.to_path_buf()).boxed(), None)
+    } else {
+        let file = tokio::fs::File::open(path).await?;
+        (
+            tokio_util::io::ReaderStream::with_capacity(file, 1 << 20).boxed(),
+            Some(meta.len()),
+        )
+    };
+    let bar = progress_bar(total);
+    let counted = {
+        let bar = bar.clone();
+        stream.inspect(move |chunk| {
+            if let Ok(c) = chunk {
+                bar.inc(c.len() as u64);
+            }
+        })
+    };
+    let mut req = client
+        .request(Method::POST, "/api/v1/images")
+        .body(reqwest::Body::wrap_stream(counted));
+    if let Some(t) = tag {
+        req = req.query(&[("tag", t)]);
+    }
+    if let Some(len) = total {
+        req = req.header(reqwest::header::CONTENT_LENGTH, len);
+    }
+    let result = client.send(req).await;
+    bar.finish_and_clear();
+    result
+}
+
+fn progress_bar(total: Option<u64>) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    match total {
+        Some(len) => ProgressBar::new(len).with_style(
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template"),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {bytes} {bytes_per_sec}")
+                .expect("valid template"),
+        ),
+    }
+}
+
+/// A tar of `dir` produced on a blocking thread, in deterministic order and headers.
+/// Links and special files go in as they are; the server refuses them with a reason.
+fn tar_directory(dir: PathBuf) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(1 << 20),
+        };
+        let result = (|| {
+            let mut builder = tar::Builder::new(&mut writer);
+            builder.mode(tar::HeaderMode::Deterministic);
+            builder.follow_symlinks(false);
+            builder.append_dir_all(".", &dir)?;
+            builder.into_inner()?.flush()
+        })();
+        if let Err(e) = result {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    tokio_stream_from(rx)
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 1 << 20 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(1 << 20),
+        ));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped"))
+    }
+}

@@ -1,0 +1,59 @@
+//! Command line: `bootfleet serve` and the admin commands, which talk to the server over HTTP.
+
+mod client;
+mod image;
+mod output;
+mod serve;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+pub use output::OutputFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bootfleet",
+    version,
+    about = "Network-boot, stateless provisioning server for bare-metal GPU clusters",
+    long_about = "Network-boot, stateless provisioning server for bare-metal GPU clusters.\n\n\
+        `bootfleet serve` runs the server. The other commands are admin commands: they talk \
+        to a running server over HTTP, found from --server or BOOTFLEET_SERVER, and \
+        authenticate with --token, BOOTFLEET_TOKEN, or the token file \
+        <data-dir>/admin.token written by the server on first start."
+)]
+pub struct Cli {
+    /// Server URL for admin commands.
+    #[arg(long, global = true, env = "BOOTFLEET_SERVER", default_value = crate::config::DEFAULT_SERVER_URL)]
+    pub server: String,
+    /// Admin bearer token (default: read <data-dir>/admin.token).
+    #[arg(long, global = true, env = "BOOTFLEET_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Data directory: the server's store; admin commands read the token file there.
+    #[arg(long, global = true, env = "BOOTFLEET_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Output format of admin commands.
+    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (HTTP API and artifact serving).
+    Serve(serve::ServeArgs),
+    /// Publish, inspect, tag, verify and garbage-collect images.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args, cli.data_dir).await,
+        Command::Image(cmd) => {
+            let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
+            image::run(cmd, &client, cli.output).await
+        }
+    }
+}

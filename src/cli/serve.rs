@@ -1,0 +1,78 @@
+//! `bootfleet serve`: resolve settings, start logging, bind, run until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{FileConfig, LogFormat, Overrides, ServerConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Settings file (TOML); see deploy/bootfleet.toml. Flags and environment win over it.
+    #[arg(long, env = "BOOTFLEET_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on for HTTP [default: 0.0.0.0:8080].
+    #[arg(long, env = "BOOTFLEET_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Log format [default: human].
+    #[arg(long, env = "BOOTFLEET_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Read the admin token from this file instead of <data-dir>/admin.token.
+    #[arg(long, env = "BOOTFLEET_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Largest artifact accepted in a bundle, in bytes [default: 16 GiB].
+    #[arg(long, env = "BOOTFLEET_MAX_ARTIFACT_BYTES")]
+    pub max_artifact_bytes: Option<u64>,
+}
+
+pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let cfg = ServerConfig::resolve(
+        file,
+        Overrides {
+            data_dir,
+            listen: args.listen,
+            log_format: args.log_format,
+            admin_token_file: args.admin_token_file,
+            max_artifact_bytes: args.max_artifact_bytes,
+        },
+    );
+    init_logging(cfg.log_format);
+    let state = crate::server::open_state(&cfg).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    crate::server::run(listener, state, shutdown).await
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("signal received, shutting down");
+    shutdown.cancel();
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

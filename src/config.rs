@@ -1,0 +1,141 @@
+//! Server settings: a TOML file, overridden by flags and `BOOTFLEET_*` environment variables.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::image::bundle::BundleLimits;
+
+pub const DEFAULT_DATA_DIR: &str = "./bootfleet-data";
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+pub const DEFAULT_SERVER_URL: &str = "http://127.0.0.1:8080";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+/// The settings file, as written by operators. Every key is optional.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub log_format: Option<LogFormat>,
+    /// Read the admin token from this file instead of `<data_dir>/admin.token`.
+    pub admin_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub limits: BundleLimits,
+}
+
+/// What a flag or environment variable said (None: not given).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub log_format: Option<LogFormat>,
+    pub admin_token_file: Option<PathBuf>,
+    pub max_artifact_bytes: Option<u64>,
+}
+
+/// The settings the server runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub log_format: LogFormat,
+    pub admin_token_file: Option<PathBuf>,
+    pub limits: BundleLimits,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl FileConfig {
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().to_string(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+}
+
+impl ServerConfig {
+    /// Flags and environment win over the file; the file wins over defaults.
+    pub fn resolve(file: FileConfig, over: Overrides) -> Self {
+        let mut limits = file.limits;
+        if let Some(max) = over.max_artifact_bytes {
+            limits.max_artifact_bytes = max;
+        }
+        Self {
+            data_dir: over
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            listen: over
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            log_format: over.log_format.or(file.log_format).unwrap_or_default(),
+            admin_token_file: over.admin_token_file.or(file.admin_token_file),
+            limits,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_file_beats_defaults() {
+        let file = FileConfig::parse(
+            "listen = \"127.0.0.1:9000\"\ndata_dir = \"/var/lib/x\"\n[limits]\nmax_entries = 7\n",
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let cfg = ServerConfig::resolve(
+            file,
+            Overrides {
+                data_dir: Some("/tmp/y".into()),
+                max_artifact_bytes: Some(5),
+                ..Default::default()
+            },
+        );
+        assert_eq!(cfg.data_dir, PathBuf::from("/tmp/y"));
+        assert_eq!(cfg.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(cfg.limits.max_entries, 7);
+        assert_eq!(cfg.limits.max_artifact_bytes, 5);
+        assert_eq!(cfg.log_format, LogFormat::Human);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_position() {
+        let e = FileConfig::parse("lsiten = \"x\"\n", Path::new("t.toml")).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("unknown field") && text.contains("line 1"),
+            "{text}"
+        );
+    }
+}

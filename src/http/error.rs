@@ -1,0 +1,72 @@
+//! The one place where errors become HTTP statuses: `{"error": "<reason>"}` bodies.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::image::bundle::BundleError;
+use crate::registry::RegistryError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("missing bearer token: send `Authorization: Bearer <admin token>`")]
+    Unauthorized,
+    #[error("the bearer token is not valid for this server")]
+    Forbidden,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::Bundle(
+                BundleError::TooLarge { .. } | BundleError::TooManyEntries(_),
+            ) => ApiError::TooLarge(e.to_string()),
+            RegistryError::Bundle(BundleError::Storage(_)) => ApiError::Internal(e.to_string()),
+            RegistryError::Bundle(b) => ApiError::BadRequest(format!("bundle refused: {b}")),
+            RegistryError::Conflict(m) => ApiError::Conflict(m),
+            RegistryError::NotFound(m) => ApiError::NotFound(m),
+            RegistryError::Invalid(m) => ApiError::BadRequest(m),
+            RegistryError::Store(_) | RegistryError::Io(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        } else {
+            tracing::info!(status = status.as_u16(), error = %self, "request refused");
+        }
+        let mut response = (
+            status,
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,137 @@
+//! Admin API for images and tags: extract, call the registry, map errors.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use tokio_util::io::{StreamReader, SyncIoBridge};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::image::refs::{ImageRef, TagName};
+use crate::store::ImageRecord;
+
+#[derive(Deserialize)]
+pub struct PublishQuery {
+    tag: Option<String>,
+}
+
+/// Who moved a tag: what the client says (`X-Bootfleet-Actor`), else "admin".
+fn actor(headers: &HeaderMap) -> String {
+    headers
+        .get("x-bootfleet-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic()))
+        .map(|s| format!("admin ({s})"))
+        .unwrap_or_else(|| "admin".into())
+}
+
+fn bad_request(e: impl ToString) -> ApiError {
+    ApiError::BadRequest(e.to_string())
+}
+
+pub async fn publish(
+    State(state): State<AppState>,
+    Query(q): Query<PublishQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tag = q
+        .tag
+        .as_deref()
+        .map(TagName::parse)
+        .transpose()
+        .map_err(bad_request)?;
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
+    let reader = SyncIoBridge::new(StreamReader::new(stream));
+    let registry = state.registry.clone();
+    let actor = actor(&headers);
+    // Run to completion even if the client goes away after the upload: a publish that
+    // got all its bytes finishes (or is refused) whole. The tracker joins it at shutdown.
+    let outcome = state
+        .tasks
+        .spawn(async move { registry.publish(reader, tag, &actor).await })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let status = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(outcome)).into_response())
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<ImageRecord>>, ApiError> {
+    Ok(Json(
+        state
+            .registry
+            .store
+            .list_images()
+            .await
+            .map_err(crate::registry::RegistryError::from)?,
+    ))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ImageDetail {
+    #[serde(flatten)]
+    pub image: ImageRecord,
+    pub manifest: String,
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    Path(r): Path<String>,
+) -> Result<Json<ImageDetail>, ApiError> {
+    let r = ImageRef::parse(&r).map_err(bad_request)?;
+    let (image, manifest) = state.registry.show(&r).await?;
+    Ok(Json(ImageDetail { image, manifest }))
+}
+
+#[derive(Deserialize)]
+pub struct TagRequest {
+    image: String,
+}
+
+pub async fn put_tag(
+    State(state): State<AppState>,
+    Path((name, tag)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(req): Json<TagRequest>,
+) -> Result<Response, ApiError> {
+    let tag = TagName::parse(&format!("{name}:{tag}")).map_err(bad_request)?;
+    let r = ImageRef::parse(&req.image).map_err(bad_request)?;
+    let digest = state.registry.resolve(&r).await?;
+    let result = state.registry.tag(&tag, &digest, &actor(&headers)).await?;
+    Ok(Json(result).into_response())
+}
+
+pub async fn tag_history(
+    State(state): State<AppState>,
+    Path((name, tag)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let tag = TagName::parse(&format!("{name}:{tag}")).map_err(bad_request)?;
+    Ok(Json(state.registry.tag_history(&tag).await?).into_response())
+}
+
+pub async fn list_tags(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let tags = state
+        .registry
+        .store
+        .list_tags()
+        .await
+        .map_err(crate::registry::RegistryError::from)?;
+    Ok(Json(tags).into_response())
+}
+
+pub async fn verify(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(state.registry.verify().await?).into_response())
+}
+
+pub async fn gc(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(state.registry.gc().await?).into_response())
+}

@@ -1,0 +1,73 @@
+//! HTTP surface (axum): routes, auth, error mapping. Handlers extract, call, map errors:
+//! no SQL and no filesystem decisions here beyond streaming a blob.
+
+mod auth;
+mod blobs;
+mod error;
+mod images;
+pub mod range;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post, put};
+use axum::{Json, Router, middleware};
+use tokio_util::task::TaskTracker;
+
+pub use error::ApiError;
+pub use images::ImageDetail;
+
+use crate::auth::AdminToken;
+use crate::registry::Registry;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub registry: Registry,
+    pub token: AdminToken,
+    /// Work that must finish even if its request is dropped (publishes); joined at shutdown.
+    pub tasks: TaskTracker,
+}
+
+pub fn router(state: AppState) -> Router {
+    let admin = Router::new()
+        .route("/images", post(images::publish).get(images::list))
+        .route("/images/{reference}", get(images::show))
+        .route("/tags", get(images::list_tags))
+        .route("/tags/{name}/{tag}", put(images::put_tag))
+        .route("/tags/{name}/{tag}/history", get(images::tag_history))
+        .route("/blobs/verify", post(images::verify))
+        .route("/blobs/gc", post(images::gc))
+        // Bundle size is bounded per entry by `[limits]`, not by a body cap.
+        .layer(DefaultBodyLimit::disable())
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_admin,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/blobs/sha256/{hex}", get(blobs::get_blob))
+        .nest("/api/v1", admin)
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready when the database answers and the blob directory is there.
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
+    let db = state.registry.store.ping().await;
+    let blobs = state.registry.blobs.dir().is_dir();
+    let ready = db.is_ok() && blobs;
+    let body = serde_json::json!({
+        "ready": ready,
+        "database": db.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string()),
+        "blobs": if blobs { "ok" } else { "blob directory missing" },
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body))
+}

@@ -1,0 +1,258 @@
+//! Reading an untrusted bundle (tar, optionally gzip or zstd) into staged temp blobs.
+//!
+//! Everything is checked while streaming; on any refusal the staged temp blobs are
+//! dropped (and deleted), so nothing of a refused bundle remains.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read};
+
+use serde::{Deserialize, Serialize};
+use tar::EntryType;
+
+use super::blobstore::{BlobStore, TempBlob};
+use super::bundle_path::normalize_path;
+use super::canonical::{Artifact, canonical_form, image_digest};
+use super::manifest::{Manifest, ManifestError};
+use crate::digest::Digest;
+
+pub const MANIFEST_NAME: &str = "manifest.toml";
+
+/// Limits applied to every bundle; configurable (`[limits]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BundleLimits {
+    /// Largest single artifact, in bytes.
+    pub max_artifact_bytes: u64,
+    /// Largest manifest.toml, in bytes.
+    pub max_manifest_bytes: u64,
+    /// Most entries (files and directories) in one bundle.
+    pub max_entries: usize,
+}
+
+impl Default for BundleLimits {
+    fn default() -> Self {
+        Self {
+            max_artifact_bytes: 16 << 30,
+            max_manifest_bytes: 1 << 20,
+            max_entries: 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("bundle entry {path:?}: {reason}")]
+    Entry { path: String, reason: String },
+    #[error("bundle entry {path:?} is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge { path: String, size: u64, limit: u64 },
+    #[error("bundle has more than {0} entries")]
+    TooManyEntries(usize),
+    #[error("bundle has no {MANIFEST_NAME}")]
+    NoManifest,
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("manifest names {field} {path:?}, which the bundle does not contain")]
+    MissingArtifact { field: &'static str, path: String },
+    #[error("bundle entry {0:?} is not named by the manifest")]
+    Unreferenced(String),
+    #[error("bundle is not a readable archive: {0}")]
+    Malformed(String),
+    #[error("storage error while staging the bundle: {0}")]
+    Storage(io::Error),
+}
+
+/// A fully checked bundle whose artifacts wait as temp blobs, ready to commit.
+#[derive(Debug)]
+pub struct StagedImage {
+    pub manifest: Manifest,
+    pub manifest_text: String,
+    pub artifacts: Vec<Artifact>,
+    pub canonical: Vec<u8>,
+    pub digest: Digest,
+    pub temps: Vec<TempBlob>,
+}
+
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+/// Bytes tolerated after the end-of-archive marker (tar pads to 10 KiB records).
+const MAX_TRAILING_BYTES: u64 = 1 << 20;
+
+/// Reads a bundle from `input`, staging artifacts in `store` as temp blobs.
+pub fn ingest(
+    input: impl Read,
+    store: &BlobStore,
+    limits: &BundleLimits,
+) -> Result<StagedImage, BundleError> {
+    let mut buffered = BufReader::with_capacity(1 << 20, input);
+    let head = buffered.fill_buf().map_err(read_error)?;
+    let mut reader: Box<dyn Read> = if head.starts_with(GZIP_MAGIC) {
+        Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
+    } else if head.starts_with(ZSTD_MAGIC) {
+        Box::new(zstd::stream::read::Decoder::with_buffer(buffered).map_err(read_error)?)
+    } else {
+        Box::new(buffered)
+    };
+    let staged = read_archive(&mut reader, store, limits)?;
+    // The tar end marker can come before the compressed stream's end (and its checksum):
+    // read to the true end, so a truncated or corrupt stream is refused.
+    let trailing = io::copy(
+        &mut (&mut reader).take(MAX_TRAILING_BYTES + 1),
+        &mut io::sink(),
+    )
+    .map_err(read_error)?;
+    if trailing > MAX_TRAILING_BYTES {
+        return Err(BundleError::Malformed(
+            "data continues after the end of the tar archive".into(),
+        ));
+    }
+    staged.finish()
+}
+
+fn read_error(e: io::Error) -> BundleError {
+    BundleError::Malformed(e.to_string())
+}
+
+struct Collected {
+    manifest_text: Option<String>,
+    files: BTreeMap<String, TempBlob>,
+}
+
+fn read_archive(
+    reader: &mut dyn Read,
+    store: &BlobStore,
+    limits: &BundleLimits,
+) -> Result<Collected, BundleError> {
+    let mut archive = tar::Archive::new(reader);
+    let mut collected = Collected {
+        manifest_text: None,
+        files: BTreeMap::new(),
+    };
+    let mut dirs = std::collections::BTreeSet::new();
+    let mut count = 0usize;
+    for entry in archive.entries().map_err(read_error)? {
+        let mut entry = entry.map_err(read_error)?;
+        count += 1;
+        if count > limits.max_entries {
+            return Err(BundleError::TooManyEntries(limits.max_entries));
+        }
+        let raw_path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let refuse = |reason: String| BundleError::Entry {
+            path: raw_path.clone(),
+            reason,
+        };
+        let kind = entry.header().entry_type();
+        match kind {
+            EntryType::Regular | EntryType::Continuous | EntryType::Directory => {}
+            EntryType::XGlobalHeader => continue,
+            EntryType::Symlink => return Err(refuse("symbolic links are not allowed".into())),
+            EntryType::Link => return Err(refuse("hard links are not allowed".into())),
+            EntryType::Char | EntryType::Block => {
+                return Err(refuse("device files are not allowed".into()));
+            }
+            EntryType::Fifo => return Err(refuse("FIFOs are not allowed".into())),
+            other => return Err(refuse(format!("entry type {other:?} is not allowed"))),
+        }
+        if std::str::from_utf8(&entry.path_bytes()).is_err() {
+            return Err(refuse("path is not UTF-8".into()));
+        }
+        let path = match normalize_path(&raw_path) {
+            Ok(p) => p,
+            // `./` itself, as `tar -C dir .` writes it.
+            Err(super::bundle_path::PathError::Empty) if kind == EntryType::Directory => continue,
+            Err(e) => return Err(refuse(e.to_string())),
+        };
+        if kind == EntryType::Directory {
+            if collected.files.contains_key(&path) || !dirs.insert(path) {
+                return Err(refuse("duplicate name".into()));
+            }
+            continue;
+        }
+        if collected.files.contains_key(&path)
+            || dirs.contains(&path)
+            || (path == MANIFEST_NAME && collected.manifest_text.is_some())
+        {
+            return Err(refuse("duplicate name".into()));
+        }
+        let size = entry.header().size().map_err(|e| refuse(e.to_string()))?;
+        if path == MANIFEST_NAME {
+            if size > limits.max_manifest_bytes {
+                return Err(BundleError::TooLarge {
+                    path,
+                    size,
+                    limit: limits.max_manifest_bytes,
+                });
+            }
+            let mut text = String::new();
+            entry
+                .read_to_string(&mut text)
+                .map_err(|e| refuse(format!("unreadable: {e}")))?;
+            collected.manifest_text = Some(text);
+            continue;
+        }
+        if size > limits.max_artifact_bytes {
+            return Err(BundleError::TooLarge {
+                path,
+                size,
+                limit: limits.max_artifact_bytes,
+            });
+        }
+        let mut writer = store.temp_writer().map_err(BundleError::Storage)?;
+        let copied = io::copy(&mut entry, &mut writer).map_err(|e| {
+            if e.kind() == io::ErrorKind::StorageFull {
+                BundleError::Storage(e)
+            } else {
+                read_error(e)
+            }
+        })?;
+        if copied != size {
+            return Err(BundleError::Malformed(format!(
+                "entry {path:?} ends after {copied} of {size} bytes"
+            )));
+        }
+        let temp = writer.finish().map_err(BundleError::Storage)?;
+        collected.files.insert(path, temp);
+    }
+    Ok(collected)
+}
+
+impl Collected {
+    fn finish(mut self) -> Result<StagedImage, BundleError> {
+        let manifest_text = self.manifest_text.take().ok_or(BundleError::NoManifest)?;
+        let manifest = Manifest::parse(&manifest_text)?;
+        let mut artifacts = Vec::new();
+        let mut temps = Vec::new();
+        for (role, path) in manifest.artifact_paths() {
+            let temp = self
+                .files
+                .remove(path)
+                .ok_or_else(|| BundleError::MissingArtifact {
+                    field: match role {
+                        super::manifest::Role::Kernel => "boot.kernel",
+                        super::manifest::Role::Initrd => "boot.initrds",
+                        super::manifest::Role::Rootfs => "boot.rootfs",
+                    },
+                    path: path.to_string(),
+                })?;
+            artifacts.push(Artifact {
+                role,
+                path: path.to_string(),
+                digest: temp.digest,
+                size: temp.size,
+            });
+            temps.push(temp);
+        }
+        if let Some(extra) = self.files.keys().next() {
+            return Err(BundleError::Unreferenced(extra.clone()));
+        }
+        let canonical = canonical_form(&manifest, &artifacts);
+        let digest = image_digest(&canonical);
+        Ok(StagedImage {
+            manifest,
+            manifest_text,
+            artifacts,
+            canonical,
+            digest,
+            temps,
+        })
+    }
+}

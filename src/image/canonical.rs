@@ -1,0 +1,117 @@
+//! The canonical form of an image and its digest: same content, same digest.
+//!
+//! The canonical form is compact JSON, keys sorted, no whitespace:
+//! `{"artifacts":[{"digest":..,"path":..,"role":..,"size":..},..],"cmdline":..,
+//!   "name":..,"pins":{..},"schema":"bootfleet.image.v1","validation":{..},"version":..}`
+//! with artifacts in role order (kernel, initrds as listed, rootfs). Tar order, mtimes,
+//! owners, compression and TOML comments or layout do not enter it; any artifact byte,
+//! path, pin, the command line or a validation value does.
+
+use serde::{Deserialize, Serialize};
+
+use super::manifest::{Manifest, Role};
+use crate::digest::Digest;
+
+pub const SCHEMA: &str = "bootfleet.image.v1";
+
+/// One stored artifact of an image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub role: Role,
+    pub path: String,
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// The canonical bytes. `artifacts` must be in `manifest.artifact_paths()` order.
+pub fn canonical_form(manifest: &Manifest, artifacts: &[Artifact]) -> Vec<u8> {
+    // serde_json::json! builds maps in key order only without `preserve_order`; sort
+    // explicitly so a feature flag elsewhere in the tree cannot change image digests.
+    let value = sorted(serde_json::json!({
+        "schema": SCHEMA,
+        "name": manifest.name,
+        "version": manifest.version,
+        "cmdline": manifest.cmdline,
+        "artifacts": artifacts,
+        "pins": manifest.pins,
+        "validation": manifest.validation,
+    }));
+    serde_json::to_vec(&value).expect("JSON values always serialise")
+}
+
+pub fn image_digest(canonical: &[u8]) -> Digest {
+    Digest::of(canonical)
+}
+
+fn sorted(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        J::Object(map) => {
+            let mut entries: Vec<_> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            J::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        J::Array(a) => J::Array(a.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(extra: &str) -> Manifest {
+        Manifest::parse(&format!(
+            "name = \"n\"\nversion = \"1\"\n[boot]\nkernel = \"k\"\ninitrds = [\"i\"]\ncmdline = \"c\"\n[pins]\nb = \"2\"\na = \"1\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    fn artifacts(kernel: &[u8]) -> Vec<Artifact> {
+        vec![
+            Artifact {
+                role: Role::Kernel,
+                path: "k".into(),
+                digest: Digest::of(kernel),
+                size: kernel.len() as u64,
+            },
+            Artifact {
+                role: Role::Initrd,
+                path: "i".into(),
+                digest: Digest::of(b"i"),
+                size: 1,
+            },
+        ]
+    }
+
+    #[test]
+    fn form_is_sorted_compact_json() {
+        let text = String::from_utf8(canonical_form(&manifest(""), &artifacts(b"k"))).unwrap();
+        assert!(
+            text.starts_with("{\"artifacts\":[{\"digest\":\"sha256:"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"pins\":{\"a\":\"1\",\"b\":\"2\"}"),
+            "{text}"
+        );
+        assert!(!text.contains(' '), "{text}");
+    }
+
+    #[test]
+    fn layout_does_not_matter_but_content_does() {
+        let a = image_digest(&canonical_form(&manifest(""), &artifacts(b"k")));
+        let comments = image_digest(&canonical_form(
+            &manifest("# a comment\n[validation]\n"),
+            &artifacts(b"k"),
+        ));
+        assert_eq!(a, comments);
+        let other_kernel = image_digest(&canonical_form(&manifest(""), &artifacts(b"K")));
+        assert_ne!(a, other_kernel);
+        let other_validation = image_digest(&canonical_form(
+            &manifest("[validation]\ngpus = 8\n"),
+            &artifacts(b"k"),
+        ));
+        assert_ne!(a, other_validation);
+    }
+}

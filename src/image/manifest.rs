@@ -1,0 +1,255 @@
+//! The image manifest (`manifest.toml`, written by admins): parsing and validation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::bundle_path::normalize_path;
+use super::refs::{check_label, check_name};
+
+/// The boot artifacts' roles; the order here is the canonical order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Kernel,
+    Initrd,
+    Rootfs,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Kernel => "kernel",
+            Role::Initrd => "initrd",
+            Role::Rootfs => "rootfs",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "kernel" => Some(Role::Kernel),
+            "initrd" => Some(Role::Initrd),
+            "rootfs" => Some(Role::Rootfs),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    name: String,
+    version: String,
+    boot: RawBoot,
+    #[serde(default)]
+    pins: BTreeMap<String, String>,
+    #[serde(default)]
+    validation: toml::Table,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBoot {
+    kernel: String,
+    #[serde(default)]
+    initrds: Vec<String>,
+    rootfs: Option<String>,
+    #[serde(default)]
+    cmdline: String,
+}
+
+/// A validated manifest. Artifact paths are normalised bundle paths.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pub name: String,
+    pub version: String,
+    pub kernel: String,
+    pub initrds: Vec<String>,
+    pub rootfs: Option<String>,
+    pub cmdline: String,
+    pub pins: BTreeMap<String, String>,
+    /// Free-form expectations, kept as JSON (sorted keys) for the canonical form.
+    pub validation: serde_json::Value,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ManifestError {
+    #[error("manifest.toml: {0}")]
+    Toml(String),
+    #[error("manifest.toml: {0}")]
+    Invalid(String),
+}
+
+impl Manifest {
+    pub fn parse(text: &str) -> Result<Self, ManifestError> {
+        // toml's message already says "at line L, column C" and quotes the line.
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|e| ManifestError::Toml(e.to_string().trim().into()))?;
+        let invalid = |m: String| ManifestError::Invalid(m);
+        check_name(&raw.name).map_err(|e| invalid(e.to_string()))?;
+        check_label("version", &raw.version).map_err(|e| invalid(e.to_string()))?;
+        if raw.boot.initrds.is_empty() {
+            return Err(invalid("boot.initrds must name at least one initrd".into()));
+        }
+        if raw.boot.cmdline.contains(['\n', '\r', '\0']) {
+            return Err(invalid(
+                "boot.cmdline must be one line (no newline or NUL)".into(),
+            ));
+        }
+        let norm = |field: &str, p: &str| {
+            normalize_path(p).map_err(|e| invalid(format!("{field} {p:?}: {e}")))
+        };
+        let kernel = norm("boot.kernel", &raw.boot.kernel)?;
+        let initrds = raw
+            .boot
+            .initrds
+            .iter()
+            .map(|p| norm("boot.initrds", p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rootfs = raw
+            .boot
+            .rootfs
+            .as_deref()
+            .map(|p| norm("boot.rootfs", p))
+            .transpose()?;
+        let mut seen = BTreeSet::new();
+        for p in std::iter::once(&kernel)
+            .chain(&initrds)
+            .chain(rootfs.as_ref())
+        {
+            if p == "manifest.toml" {
+                return Err(invalid("manifest.toml cannot be a boot artifact".into()));
+            }
+            if !seen.insert(p.as_str()) {
+                return Err(invalid(format!("artifact {p:?} is named twice in [boot]")));
+            }
+        }
+        for (key, value) in &raw.pins {
+            if key.is_empty() || value.trim().is_empty() {
+                return Err(invalid(format!(
+                    "pins.{key:?} needs a non-empty key and an exact version string"
+                )));
+            }
+        }
+        let validation = toml_to_json(&toml::Value::Table(raw.validation))
+            .map_err(|e| invalid(format!("validation: {e}")))?;
+        Ok(Manifest {
+            name: raw.name,
+            version: raw.version,
+            kernel,
+            initrds,
+            rootfs,
+            cmdline: raw.boot.cmdline,
+            pins: raw.pins,
+            validation,
+        })
+    }
+
+    /// Every artifact path with its role, in canonical order: kernel, initrds, rootfs.
+    pub fn artifact_paths(&self) -> Vec<(Role, &str)> {
+        std::iter::once((Role::Kernel, self.kernel.as_str()))
+            .chain(self.initrds.iter().map(|p| (Role::Initrd, p.as_str())))
+            .chain(self.rootfs.iter().map(|p| (Role::Rootfs, p.as_str())))
+            .collect()
+    }
+}
+
+/// TOML to JSON with sorted keys; datetimes become strings, non-finite floats are refused
+/// (JSON cannot carry them, and the canonical form must be JSON).
+fn toml_to_json(v: &toml::Value) -> Result<serde_json::Value, String> {
+    use serde_json::Value as J;
+    Ok(match v {
+        toml::Value::String(s) => J::String(s.clone()),
+        toml::Value::Integer(i) => J::from(*i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(J::Number)
+            .ok_or_else(|| format!("{f} is not a finite number"))?,
+        toml::Value::Boolean(b) => J::Bool(*b),
+        toml::Value::Datetime(d) => J::String(d.to_string()),
+        toml::Value::Array(a) => J::Array(a.iter().map(toml_to_json).collect::<Result<_, _>>()?),
+        toml::Value::Table(t) => {
+            let sorted: BTreeMap<&String, &toml::Value> = t.iter().collect();
+            let mut map = serde_json::Map::new();
+            for (k, v) in sorted {
+                map.insert(k.clone(), toml_to_json(v)?);
+            }
+            J::Object(map)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "gpu-node"
+version = "2026.12.0"
+
+[boot]
+kernel = "vmlinuz"
+initrds = ["initrd.img", "./extra/modules.cpio"]
+rootfs = "rootfs.squashfs"
+cmdline = "console=ttyS0 quiet"
+
+[pins]
+kernel = "6.1.0-28-cloud-amd64"
+nvidia-driver = "550.127.05"
+
+[validation]
+gpus = 8
+gpu-model = "H100"
+"#;
+
+    #[test]
+    fn parses_the_design_example() {
+        let m = Manifest::parse(GOOD).unwrap();
+        assert_eq!(m.name, "gpu-node");
+        assert_eq!(m.initrds, ["initrd.img", "extra/modules.cpio"]);
+        assert_eq!(m.pins["nvidia-driver"], "550.127.05");
+        assert_eq!(m.validation["gpus"], 8);
+        assert_eq!(
+            m.artifact_paths()
+                .iter()
+                .map(|(r, _)| r.as_str())
+                .collect::<Vec<_>>(),
+            ["kernel", "initrd", "initrd", "rootfs"]
+        );
+    }
+
+    fn err(text: &str) -> String {
+        Manifest::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn toml_errors_name_line_and_column() {
+        let e = err("name = \"x\"\nversion = \n");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("column"), "{e}");
+    }
+
+    #[test]
+    fn refuses_bad_manifests_with_reasons() {
+        let base = GOOD.replace("./extra/modules.cpio", "modules.cpio");
+        for (text, needle) in [
+            (base.replace("gpu-node", "GPU node"), "invalid image name"),
+            (base.replace("2026.12.0", "a/b"), "invalid version"),
+            (base.replace("\"vmlinuz\"", "\"../vmlinuz\""), "boot.kernel"),
+            (base.replace("\"vmlinuz\"", "\"/vmlinuz\""), "boot.kernel"),
+            (base.replace("\"vmlinuz\"", "\"initrd.img\""), "named twice"),
+            (base.replace("initrds = [", "initrd = ["), "unknown field"),
+            (
+                base.replace(
+                    "initrds = [\"initrd.img\", \"modules.cpio\"]",
+                    "initrds = []",
+                ),
+                "at least one initrd",
+            ),
+            (base.replace("\"550.127.05\"", "550"), "invalid type"),
+            (base.replace("gpus = 8", "gpus = nan"), "finite"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(needle), "expected {needle:?} in {e:?}");
+        }
+    }
+}

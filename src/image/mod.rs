@@ -1,0 +1,9 @@
+//! Images: blob store, manifests, bundles, canonical digests, names and tags.
+//! Knows nothing of nodes, HTTP or SQL.
+
+pub mod blobstore;
+pub mod bundle;
+pub mod bundle_path;
+pub mod canonical;
+pub mod manifest;
+pub mod refs;

@@ -1,0 +1,12 @@
+//! bootfleet: network-boot, stateless provisioning for bare-metal GPU clusters.
+//! See ARCHITECTURE.md for the codemap and the invariants each module keeps.
+
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod digest;
+pub mod http;
+pub mod image;
+pub mod registry;
+pub mod server;
+pub mod store;

@@ -1,0 +1,260 @@
+//! The image registry service: publish, resolve, tag, verify and collect garbage, over the
+//! blob store and the database. HTTP handlers call this; it knows nothing of HTTP.
+
+use std::io::Read;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::RwLock;
+
+use crate::digest::Digest;
+use crate::image::blobstore::{BlobStore, VerifyReport};
+use crate::image::bundle::{self, BundleError, BundleLimits};
+use crate::image::refs::{ImageRef, TagName};
+use crate::store::{ImageRecord, InsertOutcome, NewImage, Store, StoreError, TagMove, TagOutcome};
+
+#[derive(Clone)]
+pub struct Registry {
+    pub store: Store,
+    pub blobs: Arc<BlobStore>,
+    pub limits: BundleLimits,
+    /// Publishes hold it shared while they make blobs visible and insert rows; GC holds
+    /// it exclusively, so it never sees a blob whose image row is not yet written.
+    gc_lock: Arc<RwLock<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("blob storage error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PublishOutcome {
+    pub digest: Digest,
+    pub name: String,
+    pub version: String,
+    /// False when the same content was already published (a no-op).
+    pub created: bool,
+    pub bytes: u64,
+    pub tag: Option<TagResult>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TagResult {
+    pub tag: String,
+    pub digest: Digest,
+    pub from: Option<Digest>,
+    pub changed: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FullVerifyReport {
+    #[serde(flatten)]
+    pub blobs: VerifyReport,
+    /// Blobs an image needs that the store does not have (or that were quarantined).
+    pub missing: Vec<Digest>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GcReport {
+    pub removed: Vec<Digest>,
+    pub bytes_freed: u64,
+    pub kept: usize,
+}
+
+impl Registry {
+    pub fn new(store: Store, blobs: BlobStore, limits: BundleLimits) -> Self {
+        Self {
+            store,
+            blobs: Arc::new(blobs),
+            limits,
+            gc_lock: Arc::new(RwLock::new(())),
+        }
+    }
+
+    /// Reads a bundle (blocking reader, run on the blocking pool) and publishes it.
+    pub async fn publish(
+        &self,
+        input: impl Read + Send + 'static,
+        tag: Option<TagName>,
+        actor: &str,
+    ) -> Result<PublishOutcome, RegistryError> {
+        let blobs = self.blobs.clone();
+        let limits = self.limits;
+        let staged = tokio::task::spawn_blocking(move || bundle::ingest(input, &blobs, &limits))
+            .await
+            .map_err(|e| std::io::Error::other(format!("bundle reader failed: {e}")))??;
+        let m = &staged.manifest;
+        if let Some(t) = &tag
+            && t.name != m.name
+        {
+            return Err(RegistryError::Invalid(format!(
+                "tag {t} does not match the image name {:?}",
+                m.name
+            )));
+        }
+        let new = NewImage {
+            digest: staged.digest,
+            name: &m.name,
+            version: &m.version,
+            manifest_toml: &staged.manifest_text,
+            canonical: &staged.canonical,
+            artifacts: &staged.artifacts,
+        };
+        // Refuse before any blob becomes visible, so a refused bundle leaves nothing.
+        self.refuse_unless_publishable(&new, self.store.precheck(&new).await?)?;
+        let bytes = staged.artifacts.iter().map(|a| a.size).sum();
+        let outcome = {
+            let _shared = self.gc_lock.read().await;
+            let blobs = self.blobs.clone();
+            // Also runs for a re-publish: it restores blobs that verify quarantined.
+            tokio::task::spawn_blocking(move || blobs.commit(staged.temps))
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))??;
+            self.store.insert_image(&new).await?
+        };
+        self.refuse_unless_publishable(&new, outcome.clone())?;
+        let tag = match tag {
+            Some(t) => Some(self.tag(&t, &new.digest, actor).await?),
+            None => None,
+        };
+        tracing::info!(digest = %new.digest, name = new.name, version = new.version, created = outcome == InsertOutcome::Inserted, "published image");
+        Ok(PublishOutcome {
+            digest: new.digest,
+            name: new.name.to_string(),
+            version: new.version.to_string(),
+            created: outcome == InsertOutcome::Inserted,
+            bytes,
+            tag,
+        })
+    }
+
+    fn refuse_unless_publishable(
+        &self,
+        new: &NewImage<'_>,
+        outcome: InsertOutcome,
+    ) -> Result<(), RegistryError> {
+        match outcome {
+            InsertOutcome::Inserted | InsertOutcome::AlreadyPresent => Ok(()),
+            InsertOutcome::VersionTaken { existing } => Err(RegistryError::Conflict(format!(
+                "{}:{} is already published as {existing}; this bundle is {}. Published images never change: publish it under a new version",
+                new.name, new.version, new.digest
+            ))),
+            InsertOutcome::ClashesWithTag => Err(RegistryError::Conflict(format!(
+                "{}:{} is a tag; a version may not have a tag's name",
+                new.name, new.version
+            ))),
+        }
+    }
+
+    pub async fn resolve(&self, r: &ImageRef) -> Result<Digest, RegistryError> {
+        self.store
+            .resolve(r)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound(format!("no image {r}")))
+    }
+
+    pub async fn show(&self, r: &ImageRef) -> Result<(ImageRecord, String), RegistryError> {
+        let digest = self.resolve(r).await?;
+        let not_found = || RegistryError::NotFound(format!("no image {r}"));
+        let record = self.store.image(&digest).await?.ok_or_else(not_found)?;
+        let manifest = self
+            .store
+            .manifest_toml(&digest)
+            .await?
+            .ok_or_else(not_found)?;
+        Ok((record, manifest))
+    }
+
+    pub async fn tag(
+        &self,
+        tag: &TagName,
+        digest: &Digest,
+        actor: &str,
+    ) -> Result<TagResult, RegistryError> {
+        match self.store.set_tag(tag, digest, actor).await? {
+            TagOutcome::Moved { from } => {
+                tracing::info!(%tag, ?from, to = %digest, actor, "tag moved");
+                Ok(TagResult {
+                    tag: tag.to_string(),
+                    digest: *digest,
+                    from,
+                    changed: true,
+                })
+            }
+            TagOutcome::Unchanged => Ok(TagResult {
+                tag: tag.to_string(),
+                digest: *digest,
+                from: Some(*digest),
+                changed: false,
+            }),
+            TagOutcome::ClashesWithVersion => Err(RegistryError::Conflict(format!(
+                "{tag} is a published version; a tag may not have a version's name"
+            ))),
+            TagOutcome::NameMismatch { image_name } => Err(RegistryError::Invalid(format!(
+                "tag {tag} cannot point to {digest}, an image named {image_name:?}"
+            ))),
+        }
+    }
+
+    pub async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, RegistryError> {
+        let history = self.store.tag_history(tag).await?;
+        if history.is_empty() {
+            return Err(RegistryError::NotFound(format!("no tag {tag}")));
+        }
+        Ok(history)
+    }
+
+    pub async fn verify(&self) -> Result<FullVerifyReport, RegistryError> {
+        let _shared = self.gc_lock.read().await;
+        let blobs = self.blobs.clone();
+        let report = tokio::task::spawn_blocking(move || blobs.verify())
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))??;
+        let present: std::collections::HashSet<Digest> = self.blobs.list()?.into_iter().collect();
+        let mut missing: Vec<Digest> = self
+            .store
+            .referenced_blobs()
+            .await?
+            .into_iter()
+            .filter(|d| !present.contains(d))
+            .collect();
+        missing.sort();
+        Ok(FullVerifyReport {
+            blobs: report,
+            missing,
+        })
+    }
+
+    pub async fn gc(&self) -> Result<GcReport, RegistryError> {
+        let _exclusive = self.gc_lock.write().await;
+        let keep = self.store.referenced_blobs().await?;
+        let blobs = self.blobs.clone();
+        let kept = keep.len();
+        let (removed, bytes_freed) =
+            tokio::task::spawn_blocking(move || blobs.remove_unreferenced(&keep))
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))??;
+        tracing::info!(
+            removed = removed.len(),
+            bytes_freed,
+            "garbage collected blobs"
+        );
+        Ok(GcReport {
+            removed,
+            bytes_freed,
+            kept,
+        })
+    }
+}
