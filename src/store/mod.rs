@@ -130,6 +130,13 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred
+    /// transaction that reads and then writes fails with SQLITE_BUSY, without waiting,
+    /// when another writer committed in between.
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -146,7 +153,7 @@ impl Store {
     }
 
     pub async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let outcome = check_insert(&mut tx, img).await?;
         if outcome != InsertOutcome::Inserted {
             return Ok(outcome);
@@ -284,7 +291,7 @@ impl Store {
         digest: &Digest,
         actor: &str,
     ) -> Result<TagOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let image_name: Option<(String,)> =
             sqlx::query_as("SELECT name FROM images WHERE digest = ?")
                 .bind(digest.to_string())

@@ -1,0 +1,67 @@
+//! Admin API authentication: every admin route needs the bearer token; blobs stay open.
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn admin_routes_need_the_token() {
+    let server = TestServer::start().await;
+    let http = reqwest::Client::new();
+    let routes = [
+        (reqwest::Method::GET, "/api/v1/images"),
+        (reqwest::Method::POST, "/api/v1/images"),
+        (reqwest::Method::GET, "/api/v1/images/n:1"),
+        (reqwest::Method::GET, "/api/v1/tags"),
+        (reqwest::Method::PUT, "/api/v1/tags/n/stable"),
+        (reqwest::Method::GET, "/api/v1/tags/n/stable/history"),
+        (reqwest::Method::POST, "/api/v1/blobs/verify"),
+        (reqwest::Method::POST, "/api/v1/blobs/gc"),
+    ];
+    for (method, path) in routes {
+        let r = http
+            .request(method.clone(), server.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path} without a token");
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
+        let r = http
+            .request(method.clone(), server.url(path))
+            .bearer_auth("wrong-token-wrong-token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{method} {path} with a wrong token");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(body["error"].as_str().unwrap().contains("not valid"));
+    }
+    // Nothing was published by the refused POST.
+    server.assert_empty().await;
+    for open in ["/healthz", "/readyz"] {
+        assert_eq!(
+            http.get(server.url(open)).send().await.unwrap().status(),
+            200,
+            "{open}"
+        );
+    }
+    let ready: serde_json::Value = http
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["ready"], true);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn token_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start().await;
+    let path = server.data.path().join("admin.token");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), server.token);
+    server.stop().await;
+}

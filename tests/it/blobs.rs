@@ -1,0 +1,246 @@
+//! Blob serving (Range, conditional requests), verify/quarantine, and garbage collection.
+
+use bootfleet::digest::Digest;
+
+use crate::harness::*;
+
+async fn publish_kernel(server: &TestServer, kernel: &[u8]) -> String {
+    let (status, body) = server.publish(good_bundle("n", "1", kernel)).await;
+    assert_eq!(status, 201, "{body}");
+    Digest::of(kernel).hex()
+}
+
+#[tokio::test]
+async fn serves_whole_ranges_and_conditionals() {
+    let server = TestServer::start().await;
+    let kernel = noise(3 << 20, 21); // over several 1 MiB chunks
+    let hex = publish_kernel(&server, &kernel).await;
+    let url = server.url(&format!("/blobs/sha256/{hex}"));
+    let http = reqwest::Client::new();
+    let etag = format!("\"sha256:{hex}\"");
+
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["etag"], etag.as_str());
+    assert_eq!(
+        r.headers()["content-length"],
+        kernel.len().to_string().as_str()
+    );
+    assert!(
+        r.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .contains("immutable")
+    );
+    assert_eq!(r.headers()["accept-ranges"], "bytes");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
+
+    let r = http.head(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-length"],
+        kernel.len().to_string().as_str()
+    );
+    assert!(r.bytes().await.unwrap().is_empty());
+
+    // Resume an interrupted download across a chunk boundary.
+    let start = (1 << 20) - 10;
+    let r = http
+        .get(&url)
+        .header("range", format!("bytes={start}-"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(
+        r.headers()["content-range"],
+        format!("bytes {start}-{}/{}", kernel.len() - 1, kernel.len()).as_str()
+    );
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &kernel[start..]);
+
+    let r = http
+        .get(&url)
+        .header("range", "bytes=-100")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(
+        r.bytes().await.unwrap().as_ref(),
+        &kernel[kernel.len() - 100..]
+    );
+
+    let r = http
+        .get(&url)
+        .header("range", "bytes=10-19")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &kernel[10..20]);
+
+    let r = http
+        .get(&url)
+        .header("range", format!("bytes={}-", kernel.len()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 416);
+    assert_eq!(
+        r.headers()["content-range"],
+        format!("bytes */{}", kernel.len()).as_str()
+    );
+
+    let r = http
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+
+    let r = http
+        .get(&url)
+        .header("range", "bytes=0-9")
+        .header("if-range", "\"something-else\"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "a stale If-Range gets the whole blob");
+
+    let r = http
+        .get(server.url("/blobs/sha256/XYZ"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = http
+        .get(server.url(&format!("/blobs/sha256/{}", "0".repeat(64))))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = http
+        .get(server.url("/blobs/sha256/..%2F..%2Fbootfleet.db"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "no path escapes the blob directory");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn verify_quarantines_corrupt_blobs_which_are_never_served() {
+    let server = TestServer::start().await;
+    let kernel = b"a kernel that will rot".to_vec();
+    let hex = publish_kernel(&server, &kernel).await;
+    let (_, clean) = server
+        .post("/api/v1/blobs/verify")
+        .send()
+        .await
+        .map(|r| (0, r))
+        .unwrap();
+    let clean: serde_json::Value = clean.json().await.unwrap();
+    assert_eq!(clean["checked"], 2);
+    assert_eq!(clean["quarantined"], serde_json::json!([]));
+
+    std::fs::write(server.blob_dir().join(&hex), b"a kernel that has rotted").unwrap();
+    let report: serde_json::Value = server
+        .post("/api/v1/blobs/verify")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let digest = format!("sha256:{hex}");
+    assert_eq!(report["quarantined"], serde_json::json!([digest]));
+    assert_eq!(report["missing"], serde_json::json!([digest]));
+    let r = reqwest::get(server.url(&format!("/blobs/sha256/{hex}")))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "a quarantined blob is never served");
+    assert!(
+        server
+            .data
+            .path()
+            .join("quarantine/sha256")
+            .join(&hex)
+            .exists()
+    );
+
+    // Publishing the image again restores the blob.
+    let (status, _) = server.publish(good_bundle("n", "1", &kernel)).await;
+    assert_eq!(status, 200);
+    let r = reqwest::get(server.url(&format!("/blobs/sha256/{hex}")))
+        .await
+        .unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
+    let report: serde_json::Value = server
+        .post("/api/v1/blobs/verify")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["missing"], serde_json::json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn gc_removes_only_unreferenced_blobs() {
+    let server = TestServer::start().await;
+    let hex = publish_kernel(&server, b"kept kernel").await;
+    let orphan = b"nobody needs me";
+    let orphan_hex = Digest::of(orphan).hex();
+    std::fs::write(server.blob_dir().join(&orphan_hex), orphan).unwrap();
+    let report: serde_json::Value = server
+        .post("/api/v1/blobs/gc")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        report["removed"],
+        serde_json::json!([format!("sha256:{orphan_hex}")])
+    );
+    assert_eq!(report["bytes_freed"], orphan.len());
+    assert!(server.blob_dir().join(&hex).exists());
+    assert_eq!(server.blob_dir_entries().len(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn gc_during_publishes_never_loses_a_blob() {
+    let server = TestServer::start().await;
+    let mut publishes = Vec::new();
+    for i in 0..8u64 {
+        let bundle = good_bundle("n", &format!("{i}"), &noise(200_000, 100 + i));
+        let req = server.post("/api/v1/images").body(bundle);
+        publishes.push(tokio::spawn(async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }));
+    }
+    for _ in 0..20 {
+        let r = server.post("/api/v1/blobs/gc").send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    for p in publishes {
+        let (status, body) = p.await.unwrap();
+        assert_eq!(status, 201, "{body}");
+    }
+    let report: serde_json::Value = server
+        .post("/api/v1/blobs/verify")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["missing"], serde_json::json!([]), "{report}");
+    assert_eq!(report["checked"], 9, "8 kernels and one shared initrd");
+    server.stop().await;
+}

@@ -1,0 +1,219 @@
+//! Test harness: an in-process server on 127.0.0.1:0, bundle builders (well-formed and
+//! hostile), and helpers to look at what the data directory holds.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use bootfleet::config::{FileConfig, Overrides, ServerConfig};
+use bootfleet::image::bundle::BundleLimits;
+use tokio_util::sync::CancellationToken;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub token: String,
+    pub data: tempfile::TempDir,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(BundleLimits::default()).await
+    }
+
+    pub async fn start_with(limits: BundleLimits) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let mut cfg = ServerConfig::resolve(
+            FileConfig::default(),
+            Overrides {
+                data_dir: Some(data.path().to_path_buf()),
+                listen: Some("127.0.0.1:0".parse().unwrap()),
+                ..Default::default()
+            },
+        );
+        cfg.limits = limits;
+        let state = bootfleet::server::open_state(&cfg).await.unwrap();
+        let token = state.token.secret().to_string();
+        let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(bootfleet::server::run(listener, state, shutdown.clone()));
+        Self {
+            addr,
+            token,
+            data,
+            http: reqwest::Client::new(),
+            shutdown,
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(self.url(path)).bearer_auth(&self.token)
+    }
+
+    pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.post(self.url(path)).bearer_auth(&self.token)
+    }
+
+    pub fn put(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.put(self.url(path)).bearer_auth(&self.token)
+    }
+
+    /// Publishes `bundle`; returns status and JSON body.
+    pub async fn publish(&self, bundle: Vec<u8>) -> (u16, serde_json::Value) {
+        self.publish_query(bundle, "").await
+    }
+
+    pub async fn publish_query(&self, bundle: Vec<u8>, query: &str) -> (u16, serde_json::Value) {
+        let r = self
+            .post(&format!("/api/v1/images{query}"))
+            .body(bundle)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn json(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.get(path).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub fn blob_dir(&self) -> PathBuf {
+        self.data.path().join("blobs").join("sha256")
+    }
+
+    /// Names in the blob directory (visible blobs and temp files).
+    pub fn blob_dir_entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.blob_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Asserts the store holds no image, no blob and no temp file.
+    pub async fn assert_empty(&self) {
+        assert_eq!(
+            self.blob_dir_entries(),
+            Vec::<String>::new(),
+            "blob directory"
+        );
+        let (status, images) = self.json("/api/v1/images").await;
+        assert_eq!(status, 200);
+        assert_eq!(images, serde_json::json!([]), "images");
+    }
+
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+/// One tar entry; `kind` lets tests write entries a well-behaved tool never would.
+pub struct Entry {
+    pub name: String,
+    pub kind: tar::EntryType,
+    pub data: Vec<u8>,
+    pub mtime: u64,
+    pub link: Option<String>,
+}
+
+pub fn file(name: &str, data: &[u8]) -> Entry {
+    Entry {
+        name: name.into(),
+        kind: tar::EntryType::Regular,
+        data: data.to_vec(),
+        mtime: 1_700_000_000,
+        link: None,
+    }
+}
+
+pub fn special(name: &str, kind: tar::EntryType, link: Option<&str>) -> Entry {
+    Entry {
+        name: name.into(),
+        kind,
+        data: Vec::new(),
+        mtime: 0,
+        link: link.map(String::from),
+    }
+}
+
+/// A tar holding `entries` exactly as given: names are written raw into the header,
+/// bypassing the tar crate's own path checks, as a hostile client would.
+pub fn tar_of(entries: &[Entry]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut header = tar::Header::new_old();
+        let name = e.name.as_bytes();
+        assert!(name.len() < 100, "test names stay in the old header");
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        if let Some(link) = &e.link {
+            header.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        header.set_entry_type(e.kind);
+        header.set_size(e.data.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(e.mtime);
+        header.set_cksum();
+        builder.append(&header, e.data.as_slice()).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+pub fn manifest(name: &str, version: &str) -> String {
+    format!(
+        "name = \"{name}\"\nversion = \"{version}\"\n\n[boot]\nkernel = \"vmlinuz\"\ninitrds = [\"initrd.img\"]\ncmdline = \"console=ttyS0 quiet\"\n\n[pins]\nkernel = \"6.1.0-28-cloud-amd64\"\nnvidia-driver = \"550.127.05\"\n\n[validation]\ngpus = 8\ngpu-model = \"H100\"\n"
+    )
+}
+
+/// A good bundle: manifest, kernel, initrd.
+pub fn good_entries(name: &str, version: &str, kernel: &[u8]) -> Vec<Entry> {
+    vec![
+        file("manifest.toml", manifest(name, version).as_bytes()),
+        file("vmlinuz", kernel),
+        file("initrd.img", b"initrd bytes"),
+    ]
+}
+
+pub fn good_bundle(name: &str, version: &str, kernel: &[u8]) -> Vec<u8> {
+    tar_of(&good_entries(name, version, kernel))
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+pub fn zstd(bytes: &[u8]) -> Vec<u8> {
+    zstd::stream::encode_all(bytes, 3).unwrap()
+}
+
+/// Pseudo-random bytes (xorshift), so tests need no RNG crate and are reproducible.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2).wrapping_add(1); // odd and distinct per seed
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The `bootfleet` binary built for these tests.
+pub fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_bootfleet"))
+}

@@ -1,0 +1,9 @@
+//! bootfleet integration tests: one binary, one module per area.
+
+mod auth;
+mod blobs;
+mod bundles;
+mod harness;
+mod process;
+mod publish;
+mod tidy;

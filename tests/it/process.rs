@@ -1,0 +1,304 @@
+//! The real binary: CLI against a spawned server, SIGTERM shutdown, and `kill -9` mid-publish.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::harness::*;
+
+struct ServerProcess {
+    child: Child,
+    url: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ServerProcess {
+    fn spawn(data: &Path) -> Self {
+        let mut child = Command::new(bin())
+            .args([
+                "--data-dir",
+                data.to_str().unwrap(),
+                "serve",
+                "--log-format",
+                "json",
+            ])
+            .env("BOOTFLEET_LISTEN", "127.0.0.1:0")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn bootfleet serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        // Owned from here on, so a failed start still kills and reaps the child.
+        let mut server = Self {
+            child,
+            url: String::new(),
+            lines,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while server.url.is_empty() {
+            let line = server
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                .expect("server logs its listening address within 30 s");
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+            if let Some(addr) = v["fields"]["addr"].as_str() {
+                server.url = format!("http://{addr}");
+            }
+        }
+        server
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the CLI; returns (success, stdout, stderr).
+fn cli(server: &ServerProcess, data: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin())
+        .args([
+            "--server",
+            &server.url,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ])
+        .args(args)
+        .env_remove("BOOTFLEET_TOKEN")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn cli_json(server: &ServerProcess, data: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--output", "json"];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = cli(server, data, &all);
+    assert!(ok, "bootfleet {args:?} failed: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"))
+}
+
+fn write_image_dir(dir: &Path, version: &str, kernel: &[u8]) {
+    std::fs::create_dir_all(dir.join("boot")).unwrap();
+    let text = manifest("demo", version).replace("\"vmlinuz\"", "\"boot/vmlinuz\"");
+    std::fs::write(dir.join("manifest.toml"), text).unwrap();
+    std::fs::write(dir.join("boot/vmlinuz"), kernel).unwrap();
+    std::fs::write(dir.join("initrd.img"), b"initrd").unwrap();
+}
+
+#[test]
+fn cli_publishes_tags_rolls_back_verifies_and_collects() {
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let server = ServerProcess::spawn(&data);
+
+    let v1_dir = work.path().join("v1");
+    write_image_dir(&v1_dir, "1.0", &noise(500_000, 31));
+    let v1 = cli_json(
+        &server,
+        &data,
+        &[
+            "image",
+            "publish",
+            v1_dir.to_str().unwrap(),
+            "--tag",
+            "demo:stable",
+        ],
+    );
+    assert_eq!(v1["created"], true);
+    assert_eq!(v1["tag"]["tag"], "demo:stable");
+
+    // The same content as a .tar.gz file publishes to the same digest.
+    let tgz = work.path().join("v1.tar.gz");
+    let status = Command::new("tar")
+        .args([
+            "-czf",
+            tgz.to_str().unwrap(),
+            "-C",
+            v1_dir.to_str().unwrap(),
+            ".",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let again = cli_json(&server, &data, &["image", "publish", tgz.to_str().unwrap()]);
+    assert_eq!(again["digest"], v1["digest"]);
+    assert_eq!(again["created"], false);
+
+    let v2_dir = work.path().join("v2");
+    write_image_dir(&v2_dir, "2.0", &noise(500_000, 32));
+    let v2 = cli_json(
+        &server,
+        &data,
+        &["image", "publish", v2_dir.to_str().unwrap()],
+    );
+    let moved = cli_json(&server, &data, &["image", "tag", "demo:2.0", "demo:stable"]);
+    assert_eq!(moved["from"], v1["digest"]);
+    let rollback = cli_json(
+        &server,
+        &data,
+        &[
+            "image",
+            "tag",
+            v1["digest"].as_str().unwrap(),
+            "demo:stable",
+        ],
+    );
+    assert_eq!(rollback["digest"], v1["digest"]);
+    let history = cli_json(&server, &data, &["image", "history", "demo:stable"]);
+    assert_eq!(history.as_array().unwrap().len(), 3);
+    assert_eq!(history[1]["to"], v2["digest"]);
+    assert!(history[2]["actor"].as_str().unwrap().starts_with("admin ("));
+
+    let shown = cli_json(&server, &data, &["image", "show", "demo:stable"]);
+    assert_eq!(shown["version"], "1.0");
+    assert_eq!(shown["artifacts"][0]["path"], "boot/vmlinuz");
+    let list = cli_json(&server, &data, &["image", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 2);
+
+    let (ok, text, _) = cli(&server, &data, &["image", "list"]);
+    assert!(
+        ok && text.contains("demo") && text.contains("stable"),
+        "{text}"
+    );
+
+    // Other content under a taken version: refused, exit status non-zero, both digests named.
+    write_image_dir(&v1_dir, "1.0", b"different kernel");
+    let (ok, _, stderr) = cli(
+        &server,
+        &data,
+        &["image", "publish", v1_dir.to_str().unwrap()],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("409") && stderr.contains(v1["digest"].as_str().unwrap()),
+        "{stderr}"
+    );
+
+    let verify = cli_json(&server, &data, &["image", "verify"]);
+    assert_eq!(verify["quarantined"], serde_json::json!([]));
+    let gc = cli_json(&server, &data, &["image", "gc"]);
+    assert_eq!(gc["removed"], serde_json::json!([]));
+
+    // A wrong token is refused with a hint; a missing server is named.
+    let (ok, _, stderr) = cli(
+        &server,
+        &data,
+        &["--token", "0123456789abcdef-wrong", "image", "list"],
+    );
+    assert!(!ok && stderr.contains("403"), "{stderr}");
+    let (ok, _, stderr) = cli(&server, work.path(), &["image", "list"]);
+    assert!(
+        !ok && stderr.contains("401") && stderr.contains("--token"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let work = tempfile::tempdir().unwrap();
+    let server = ServerProcess::spawn(work.path());
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut server = server;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server did not exit on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    let logs: Vec<String> = server.lines.try_iter().collect();
+    assert!(
+        logs.iter().any(|l| l.contains("shut down cleanly")),
+        "{logs:?}"
+    );
+}
+
+/// `kill -9` at several moments of a publish: after a restart the image is whole or absent,
+/// no temp file remains, and verify is clean.
+#[test]
+fn kill_9_during_publish_leaves_a_consistent_store() {
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let bundle = work.path().join("big.tar");
+    std::fs::write(&bundle, good_bundle("big", "1", &noise(48 << 20, 41))).unwrap();
+    let mut outcomes = Vec::new();
+    for delay_ms in [50u64, 300, 700, 1500, 4000] {
+        let server = ServerProcess::spawn(&data);
+        let mut publish = Command::new(bin())
+            .args([
+                "--server",
+                &server.url,
+                "--data-dir",
+                data.to_str().unwrap(),
+            ])
+            .args(["image", "publish", bundle.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        server.kill9();
+        let _ = publish.wait();
+
+        let server = ServerProcess::spawn(&data);
+        let leftovers: Vec<_> = std::fs::read_dir(data.join("blobs/sha256"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "temp files survived a restart: {leftovers:?}"
+        );
+        let verify = cli_json(&server, &data, &["image", "verify"]);
+        assert_eq!(verify["quarantined"], serde_json::json!([]), "{verify}");
+        assert_eq!(verify["missing"], serde_json::json!([]), "{verify}");
+        let images = cli_json(&server, &data, &["image", "list"]);
+        let published = images.as_array().unwrap().len();
+        assert!(published <= 1);
+        if published == 1 {
+            let shown = cli_json(&server, &data, &["image", "show", "big:1"]);
+            assert_eq!(shown["artifacts"][0]["size"], 48 << 20);
+        }
+        outcomes.push(published);
+        // Start the next round from scratch so each delay hits a fresh publish.
+        let _ = cli_json(&server, &data, &["image", "gc"]);
+        drop(server);
+        if published == 1 {
+            std::fs::remove_dir_all(&data).unwrap();
+        }
+    }
+    // The early kills must have hit a publish in flight.
+    assert_eq!(outcomes[0], 0, "{outcomes:?}");
+}
