@@ -253,7 +253,7 @@ fn kill_9_during_publish_leaves_a_consistent_store() {
     let bundle = work.path().join("big.tar");
     std::fs::write(&bundle, good_bundle("big", "1", &noise(48 << 20, 41))).unwrap();
     let mut outcomes = Vec::new();
-    for delay_ms in [50u64, 300, 700, 1500, 4000] {
+    for delay_ms in [30u64, 80, 150, 250, 1000] {
         let server = ServerProcess::spawn(&data);
         let mut publish = Command::new(bin())
             .args([
@@ -270,6 +270,9 @@ fn kill_9_during_publish_leaves_a_consistent_store() {
         std::thread::sleep(Duration::from_millis(delay_ms));
         server.kill9();
         let _ = publish.wait();
+        let had_temps = std::fs::read_dir(data.join("blobs/sha256"))
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().starts_with('.'));
 
         let server = ServerProcess::spawn(&data);
         let leftovers: Vec<_> = std::fs::read_dir(data.join("blobs/sha256"))
@@ -291,7 +294,7 @@ fn kill_9_during_publish_leaves_a_consistent_store() {
             let shown = cli_json(&server, &data, &["image", "show", "big:1"]);
             assert_eq!(shown["artifacts"][0]["size"], 48 << 20);
         }
-        outcomes.push(published);
+        outcomes.push((delay_ms, had_temps, published));
         // Start the next round from scratch so each delay hits a fresh publish.
         let _ = cli_json(&server, &data, &["image", "gc"]);
         drop(server);
@@ -299,6 +302,7 @@ fn kill_9_during_publish_leaves_a_consistent_store() {
             std::fs::remove_dir_all(&data).unwrap();
         }
     }
-    // The early kills must have hit a publish in flight.
-    assert_eq!(outcomes[0], 0, "{outcomes:?}");
+    eprintln!("(delay ms, temp files at the kill, image present after restart): {outcomes:?}");
+    // Some kill must have hit a publish in flight, with blobs half-received.
+    assert!(outcomes.iter().any(|o| o.1 && o.2 == 0), "{outcomes:?}");
 }
