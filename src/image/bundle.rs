@@ -128,6 +128,7 @@ fn read_archive(
         files: BTreeMap::new(),
     };
     let mut dirs = std::collections::BTreeSet::new();
+    let mut copy_buf = vec![0u8; COPY_CHUNK];
     let mut count = 0usize;
     for entry in archive.entries().map_err(read_error)? {
         let mut entry = entry.map_err(read_error)?;
@@ -197,13 +198,7 @@ fn read_archive(
             });
         }
         let mut writer = store.temp_writer().map_err(BundleError::Storage)?;
-        let copied = io::copy(&mut entry, &mut writer).map_err(|e| {
-            if e.kind() == io::ErrorKind::StorageFull {
-                BundleError::Storage(e)
-            } else {
-                read_error(e)
-            }
-        })?;
+        let copied = copy_in_large_chunks(&mut entry, &mut writer, &mut copy_buf)?;
         if copied != size {
             return Err(BundleError::Malformed(format!(
                 "entry {path:?} ends after {copied} of {size} bytes"
@@ -213,6 +208,35 @@ fn read_archive(
         collected.files.insert(path, temp);
     }
     Ok(collected)
+}
+
+/// `io::copy` moves 8 KiB at a time: 131,072 write calls per GiB. 1 MiB chunks cut the
+/// system calls 128-fold, which is most of what separates a publish from `sha256sum`.
+const COPY_CHUNK: usize = 1 << 20;
+
+fn copy_in_large_chunks(
+    from: &mut impl Read,
+    to: &mut impl io::Write,
+    buf: &mut [u8],
+) -> Result<u64, BundleError> {
+    let mut total = 0u64;
+    loop {
+        // Fill the buffer as far as the reader allows before writing.
+        let mut filled = 0;
+        while filled < buf.len() {
+            match from.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+        if filled == 0 {
+            return Ok(total);
+        }
+        to.write_all(&buf[..filled]).map_err(BundleError::Storage)?;
+        total += filled as u64;
+    }
 }
 
 impl Collected {

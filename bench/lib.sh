@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Shared helpers for the benchmark scripts: build, start/stop a server, timing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BIN=$PWD/target/release/bootfleet
+
+build_release() {
+  cargo build --release --quiet
+}
+
+# start_server DATA_DIR PORT: starts bootfleet in the background; sets SERVER_PID.
+start_server() {
+  "$BIN" --data-dir "$1" serve --listen "127.0.0.1:$2" --log-format json 2>"$1.log" &
+  SERVER_PID=$!
+  for _ in $(seq 100); do
+    curl -fs "http://127.0.0.1:$2/healthz" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "server did not start; see $1.log" >&2
+  return 1
+}
+
+stop_server() {
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+}
+
+# seconds CMD...: wall-clock seconds of one run of CMD (stdout discarded).
+seconds() {
+  local start end
+  start=$(date +%s.%N)
+  "$@" >/dev/null
+  end=$(date +%s.%N)
+  echo "$end - $start" | bc -l
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+machine() {
+  echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, $(uname -r); date: $(date -u +%F)"
+}
