@@ -30,7 +30,24 @@ pub struct FileConfig {
     pub admin_token_file: Option<PathBuf>,
     #[serde(default)]
     pub limits: BundleLimits,
+    #[serde(default)]
+    pub tftp: TftpFileConfig,
 }
+
+/// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TftpFileConfig {
+    pub listen: Option<SocketAddr>,
+    /// Directory of the iPXE binaries (Debian's `ipxe` package: /usr/lib/ipxe).
+    pub ipxe_dir: Option<PathBuf>,
+    /// Most transfers at once; more are refused with "server busy" [default: 1024].
+    pub max_transfers: Option<usize>,
+    /// Largest RFC 7440 window accepted [default: 64].
+    pub max_windowsize: Option<u16>,
+}
+
+pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 
 /// What a flag or environment variable said (None: not given).
 #[derive(Debug, Clone, Default)]
@@ -40,6 +57,8 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub admin_token_file: Option<PathBuf>,
     pub max_artifact_bytes: Option<u64>,
+    pub tftp_listen: Option<SocketAddr>,
+    pub ipxe_dir: Option<PathBuf>,
 }
 
 /// The settings the server runs with.
@@ -50,6 +69,9 @@ pub struct ServerConfig {
     pub log_format: LogFormat,
     pub admin_token_file: Option<PathBuf>,
     pub limits: BundleLimits,
+    pub tftp_listen: Option<SocketAddr>,
+    pub ipxe_dir: PathBuf,
+    pub tftp: crate::tftp::server::TftpSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +121,21 @@ impl ServerConfig {
             log_format: over.log_format.or(file.log_format).unwrap_or_default(),
             admin_token_file: over.admin_token_file.or(file.admin_token_file),
             limits,
+            tftp_listen: over.tftp_listen.or(file.tftp.listen),
+            ipxe_dir: over
+                .ipxe_dir
+                .or(file.tftp.ipxe_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR)),
+            tftp: {
+                let mut t = crate::tftp::server::TftpSettings::default();
+                if let Some(n) = file.tftp.max_transfers {
+                    t.max_transfers = n.max(1);
+                }
+                if let Some(w) = file.tftp.max_windowsize {
+                    t.limits.max_windowsize = w.max(1);
+                }
+                t
+            },
         }
     }
 }

@@ -10,3 +10,4 @@ pub mod image;
 pub mod registry;
 pub mod server;
 pub mod store;
+pub mod tftp;

@@ -14,6 +14,8 @@ use crate::http::{AppState, router};
 use crate::image::blobstore::BlobStore;
 use crate::registry::Registry;
 use crate::store::Store;
+use crate::tftp::files::FileSource;
+use crate::tftp::server::TftpServer;
 
 pub const DATABASE_FILE: &str = "bootfleet.db";
 
@@ -57,4 +59,32 @@ pub async fn run(
     state.registry.store.close().await;
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Binds and starts the TFTP server when `[tftp] listen` is set; it stops on `shutdown`.
+pub async fn start_tftp(
+    cfg: &ServerConfig,
+    state: &AppState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>> {
+    let Some(addr) = cfg.tftp_listen else {
+        return Ok(None);
+    };
+    let socket = tokio::net::UdpSocket::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for TFTP on {addr}"))?;
+    if !cfg.ipxe_dir.is_dir() {
+        tracing::warn!(dir = %cfg.ipxe_dir.display(), "iPXE directory missing: only blobs are served over TFTP (apt-get install ipxe)");
+    }
+    let server = std::sync::Arc::new(TftpServer {
+        files: std::sync::Arc::new(FileSource::new(
+            Some(cfg.ipxe_dir.clone()),
+            Some(state.registry.blobs.clone()),
+        )),
+        settings: cfg.tftp.clone(),
+        metrics: Default::default(),
+        events: None,
+    });
+    tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
+    Ok(Some(tokio::spawn(server.run(socket, shutdown))))
 }

@@ -25,6 +25,12 @@ pub struct ServeArgs {
     /// Largest artifact accepted in a bundle, in bytes [default: 16 GiB].
     #[arg(long, env = "BOOTFLEET_MAX_ARTIFACT_BYTES")]
     pub max_artifact_bytes: Option<u64>,
+    /// Serve TFTP on this address (for example 0.0.0.0:69) [default: off].
+    #[arg(long, env = "BOOTFLEET_TFTP_LISTEN")]
+    pub tftp_listen: Option<SocketAddr>,
+    /// Directory of the iPXE binaries served over TFTP [default: /usr/lib/ipxe].
+    #[arg(long, env = "BOOTFLEET_IPXE_DIR")]
+    pub ipxe_dir: Option<PathBuf>,
 }
 
 pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
@@ -40,6 +46,8 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
             log_format: args.log_format,
             admin_token_file: args.admin_token_file,
             max_artifact_bytes: args.max_artifact_bytes,
+            tftp_listen: args.tftp_listen,
+            ipxe_dir: args.ipxe_dir,
         },
     );
     init_logging(cfg.log_format);
@@ -51,7 +59,15 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
     tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    crate::server::run(listener, state, shutdown).await
+    let tftp = crate::server::start_tftp(&cfg, &state, shutdown.clone()).await?;
+    let http = crate::server::run(listener, state, shutdown.clone()).await;
+    shutdown.cancel();
+    if let Some(tftp) = tftp {
+        tftp.await
+            .context("TFTP server panicked")?
+            .context("TFTP server failed")?;
+    }
+    http
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {

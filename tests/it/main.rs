@@ -6,4 +6,5 @@ mod bundles;
 mod harness;
 mod process;
 mod publish;
+mod tftp;
 mod tidy;

@@ -1,0 +1,310 @@
+//! The TFTP socket loop: receives requests on the listening socket and runs each transfer
+//! on its own task and ephemeral socket. Thin: decisions live in `transfer` and `options`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::files::{FileSource, Opened, check_name};
+use super::metrics::{Outcome, TftpMetrics, TransferEvent};
+use super::options::{OptionLimits, negotiate};
+use super::packet::{ErrorCode, Packet, encode_data_header};
+use super::pktinfo;
+use super::transfer::{Step, Transfer};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TftpSettings {
+    pub max_transfers: usize,
+    /// Retransmissions of one window before the transfer is abandoned.
+    pub max_retries: u32,
+    /// A transfer taking longer than this is abandoned, whatever its progress.
+    pub total_timeout: Duration,
+    pub limits: OptionLimits,
+}
+
+impl Default for TftpSettings {
+    fn default() -> Self {
+        Self {
+            max_transfers: 1024,
+            max_retries: 8,
+            total_timeout: Duration::from_secs(600),
+            limits: OptionLimits::default(),
+        }
+    }
+}
+
+pub struct TftpServer {
+    pub files: Arc<FileSource>,
+    pub settings: TftpSettings,
+    pub metrics: Arc<TftpMetrics>,
+    /// Where transfer events go (the node timeline); None: only logged.
+    pub events: Option<mpsc::UnboundedSender<TransferEvent>>,
+}
+
+impl TftpServer {
+    /// Serves on an already-bound socket until `shutdown`; then waits for transfers.
+    pub async fn run(
+        self: Arc<Self>,
+        socket: UdpSocket,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<()> {
+        let local = socket.local_addr()?;
+        // Bound to 0.0.0.0, only IP_PKTINFO says which address a request came to, and the
+        // reply must come from that address or the client drops it.
+        let wildcard = local.ip().is_unspecified();
+        if wildcard {
+            pktinfo::enable(&socket)?;
+        }
+        let slots = Arc::new(Semaphore::new(self.settings.max_transfers));
+        let mut transfers = JoinSet::new();
+        let mut buf = vec![0u8; 2048];
+        loop {
+            let received = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(_) = transfers.join_next(), if !transfers.is_empty() => continue,
+                r = pktinfo::recv(&socket, &mut buf, wildcard) => r,
+            };
+            let (len, client, to) = match received {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tftp receive failed");
+                    continue;
+                }
+            };
+            let local_ip = to.unwrap_or(local.ip());
+            let packet = match Packet::parse(&buf[..len]) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.metrics.malformed.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%client, error = %e, "dropped malformed tftp packet");
+                    continue;
+                }
+            };
+            let request = match packet {
+                Packet::Rrq(r) => r,
+                Packet::Wrq(r) => {
+                    self.metrics.refused_writes.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%client, file = %r.filename, "refused tftp write");
+                    reply_error(
+                        local_ip,
+                        client,
+                        ErrorCode::AccessViolation,
+                        "this server is read-only",
+                    )
+                    .await;
+                    continue;
+                }
+                _ => {
+                    // DATA/ACK/ERROR on the request port belong to no transfer.
+                    self.metrics.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            self.metrics.requests.fetch_add(1, Ordering::Relaxed);
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                self.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
+                reply_error(
+                    local_ip,
+                    client,
+                    ErrorCode::NotDefined,
+                    "server busy, try again",
+                )
+                .await;
+                continue;
+            };
+            let server = self.clone();
+            let shutdown = shutdown.clone();
+            transfers.spawn(async move {
+                let _permit = permit;
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = server.transfer(local_ip, client, request) => {}
+                }
+            });
+        }
+        while transfers.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    async fn transfer(
+        &self,
+        local_ip: IpAddr,
+        client: SocketAddr,
+        request: super::packet::Request,
+    ) {
+        let started = Instant::now();
+        let mut event = TransferEvent {
+            client,
+            file: request.filename.clone(),
+            bytes: 0,
+            duration: Duration::ZERO,
+            retransmits: 0,
+            outcome: Outcome::Completed,
+        };
+        let outcome = self.serve(local_ip, client, &request, &mut event).await;
+        event.duration = started.elapsed();
+        event.outcome = outcome;
+        self.metrics.record(&event);
+        match &event.outcome {
+            Outcome::Completed => {
+                tracing::info!(%client, file = %event.file, bytes = event.bytes, ms = event.duration.as_millis() as u64, retransmits = event.retransmits, "tftp transfer done")
+            }
+            other => {
+                tracing::info!(%client, file = %event.file, outcome = ?other, "tftp transfer failed")
+            }
+        }
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+
+    async fn serve(
+        &self,
+        local_ip: IpAddr,
+        client: SocketAddr,
+        request: &super::packet::Request,
+        event: &mut TransferEvent,
+    ) -> Outcome {
+        let socket = match bind_reply_socket(local_ip, client).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::Failed(format!("cannot open a reply socket: {e}")),
+        };
+        if request.mode != "octet" {
+            let m = format!("mode {:?} is not supported; use octet", request.mode);
+            send_error(&socket, ErrorCode::IllegalOperation, &m).await;
+            return Outcome::Refused(m);
+        }
+        let name = match check_name(&request.filename) {
+            Ok(n) => n,
+            Err(e) => {
+                self.metrics.refused_paths.fetch_add(1, Ordering::Relaxed);
+                let m = e.to_string();
+                send_error(&socket, ErrorCode::AccessViolation, &m).await;
+                return Outcome::Refused(m);
+            }
+        };
+        let opened = {
+            // A stat, and a first read of a small file: on the blocking pool, since a
+            // slow disk must not stall every other transfer.
+            let files = self.files.clone();
+            let name = name.clone();
+            tokio::task::spawn_blocking(move || files.open(&name))
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        let Opened { content, len } = match opened {
+            Ok(o) => o,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let m = format!("{name}: file not found");
+                send_error(&socket, ErrorCode::FileNotFound, &m).await;
+                return Outcome::Refused(m);
+            }
+            Err(e) => {
+                let m = format!("{name}: {e}");
+                send_error(&socket, ErrorCode::NotDefined, &m).await;
+                return Outcome::Failed(m);
+            }
+        };
+        let negotiated = negotiate(&request.options, len, self.settings.limits);
+        let now = Instant::now();
+        let mut transfer = Transfer::new(len, &negotiated, self.settings.max_retries, now);
+        let give_up_at = now + self.settings.total_timeout;
+        let oack = Packet::Oack {
+            options: negotiated.oack.clone(),
+        }
+        .encode();
+        let mut step = transfer.start(now);
+        let mut packet = Vec::with_capacity(transfer.blksize() as usize + 4);
+        let mut buf = vec![0u8; 1024];
+        loop {
+            match step {
+                Step::Done => {
+                    event.bytes = len;
+                    event.retransmits = transfer.retransmits;
+                    return Outcome::Completed;
+                }
+                Step::Failed(reason) => {
+                    event.bytes = transfer.bytes_acked(len);
+                    event.retransmits = transfer.retransmits;
+                    send_error(&socket, ErrorCode::NotDefined, &reason).await;
+                    return Outcome::Failed(reason);
+                }
+                Step::SendOack => {
+                    if let Err(e) = socket.send(&oack).await {
+                        return Outcome::Failed(format!("send failed: {e}"));
+                    }
+                }
+                Step::SendBlocks { first, last } => {
+                    let (window_start, _) = transfer.block_range(first, len);
+                    let (_, window_end) = transfer.block_range(last, len);
+                    let window = match content.range(window_start, window_end).await {
+                        Ok(w) => w,
+                        Err(e) => return Outcome::Failed(format!("read failed: {e}")),
+                    };
+                    for b in first..=last {
+                        let (start, end) = transfer.block_range(b, len);
+                        packet.clear();
+                        encode_data_header(&mut packet, Transfer::wire_block(b));
+                        packet.extend_from_slice(
+                            &window[(start - window_start) as usize..(end - window_start) as usize],
+                        );
+                        if let Err(e) = socket.send(&packet).await {
+                            // ICMP unreachable from an earlier send: the client is gone.
+                            event.bytes = transfer.bytes_acked(len);
+                            return Outcome::Failed(format!("send failed: {e}"));
+                        }
+                    }
+                }
+                Step::Wait => {}
+            }
+            if Instant::now() > give_up_at {
+                event.bytes = transfer.bytes_acked(len);
+                return Outcome::Failed("transfer took longer than the total timeout".into());
+            }
+            let deadline = tokio::time::Instant::from_std(transfer.deadline());
+            step = match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+                Err(_) => transfer.on_timeout(Instant::now()),
+                Ok(Err(e)) => {
+                    event.bytes = transfer.bytes_acked(len);
+                    return Outcome::Failed(format!("client unreachable: {e}"));
+                }
+                Ok(Ok(n)) => match Packet::parse(&buf[..n]) {
+                    Ok(Packet::Ack { block }) => transfer.on_ack(block, Instant::now()),
+                    Ok(Packet::Error { code, message }) => {
+                        event.bytes = transfer.bytes_acked(len);
+                        return Outcome::Aborted(format!("client sent error {code}: {message}"));
+                    }
+                    Ok(_) | Err(_) => {
+                        self.metrics.malformed.fetch_add(1, Ordering::Relaxed);
+                        Step::Wait
+                    }
+                },
+            };
+        }
+    }
+}
+
+/// A socket of its own for one transfer (RFC 1350 TIDs), sending from the address the
+/// request came to, connected so the kernel drops datagrams from anyone else.
+async fn bind_reply_socket(local_ip: IpAddr, client: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddr::new(local_ip, 0)).await?;
+    socket.connect(client).await?;
+    Ok(socket)
+}
+
+async fn reply_error(local_ip: IpAddr, client: SocketAddr, code: ErrorCode, message: &str) {
+    if let Ok(socket) = bind_reply_socket(local_ip, client).await {
+        send_error(&socket, code, message).await;
+    }
+}
+
+/// Best effort: an error packet is a courtesy, the client times out anyway if it is lost.
+async fn send_error(socket: &UdpSocket, code: ErrorCode, message: &str) {
+    let _ = socket.send(&Packet::error(code, message).encode()).await;
+}
