@@ -76,15 +76,15 @@ pub async fn start_tftp(
     if !cfg.ipxe_dir.is_dir() {
         tracing::warn!(dir = %cfg.ipxe_dir.display(), "iPXE directory missing: only blobs are served over TFTP (apt-get install ipxe)");
     }
-    let server = std::sync::Arc::new(TftpServer {
-        files: std::sync::Arc::new(FileSource::new(
+    let server = std::sync::Arc::new(TftpServer::new(
+        std::sync::Arc::new(FileSource::new(
             Some(cfg.ipxe_dir.clone()),
             Some(state.registry.blobs.clone()),
         )),
-        settings: cfg.tftp.clone(),
-        metrics: Default::default(),
-        events: None,
-    });
+        cfg.tftp.clone(),
+        Default::default(),
+        None,
+    ));
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
     Ok(Some(tokio::spawn(server.run(socket, shutdown))))
 }

@@ -1,5 +1,6 @@
 //! Command line: `bootfleet serve` and the admin commands, which talk to the server over HTTP.
 
+mod bench;
 mod client;
 mod image;
 mod output;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Publish, inspect, tag, verify and garbage-collect images.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Load generators for the benchmarks (BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -55,5 +59,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
             image::run(cmd, &client, cli.output).await
         }
+        Command::Bench(cmd) => bench::run(cmd, cli.output).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn command_line_definition_is_consistent() {
+        // Catches clashes such as a subcommand flag shadowing a global one.
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

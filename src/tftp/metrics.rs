@@ -11,6 +11,9 @@ use serde::Serialize;
 #[serde(tag = "outcome", content = "reason", rename_all = "lowercase")]
 pub enum Outcome {
     Completed,
+    /// Every block was sent, but the final ACK never came and the client's port closed:
+    /// almost always a client that got everything and did not wait for a retransmission.
+    Unconfirmed,
     /// Refused before any data: bad name, missing file, unsupported mode.
     Refused(String),
     /// The client sent an ERROR packet.
@@ -46,12 +49,14 @@ pub struct TftpMetrics {
     pub refused_paths: AtomicU64,
     pub refused_writes: AtomicU64,
     pub refused_busy: AtomicU64,
+    /// Requests repeated by a client whose transfer was already running.
+    pub duplicate_requests: AtomicU64,
 }
 
 impl TftpMetrics {
     pub fn record(&self, e: &TransferEvent) {
         let counter = match e.outcome {
-            Outcome::Completed => &self.completed,
+            Outcome::Completed | Outcome::Unconfirmed => &self.completed,
             Outcome::Refused(_) => &self.refused,
             Outcome::Aborted(_) => &self.aborted,
             Outcome::Failed(_) => &self.failed,
@@ -75,6 +80,7 @@ impl TftpMetrics {
             "refused_paths": g(&self.refused_paths),
             "refused_writes": g(&self.refused_writes),
             "refused_busy": g(&self.refused_busy),
+            "duplicate_requests": g(&self.duplicate_requests),
         })
     }
 }

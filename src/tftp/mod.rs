@@ -1,6 +1,7 @@
 //! Read-only TFTP for boot binaries and artifacts: pure codec, option negotiation and
 //! transfer state machine, plus a thin tokio socket loop.
 
+pub mod client;
 pub mod files;
 pub mod metrics;
 pub mod options;

@@ -1,13 +1,14 @@
 //! The TFTP socket loop: receives requests on the listening socket and runs each transfer
 //! on its own task and ephemeral socket. Thin: decisions live in `transfer` and `options`.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +22,8 @@ use super::transfer::{Step, Transfer};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TftpSettings {
     pub max_transfers: usize,
-    /// Retransmissions of one window before the transfer is abandoned.
+    /// Retransmissions of one window before the transfer is abandoned: with exponential
+    /// back-off to 5 s, 12 tries span about 40 s of silence from the client.
     pub max_retries: u32,
     /// A transfer taking longer than this is abandoned, whatever its progress.
     pub total_timeout: Duration,
@@ -32,7 +34,7 @@ impl Default for TftpSettings {
     fn default() -> Self {
         Self {
             max_transfers: 1024,
-            max_retries: 8,
+            max_retries: 12,
             total_timeout: Duration::from_secs(600),
             limits: OptionLimits::default(),
         }
@@ -40,14 +42,52 @@ impl Default for TftpSettings {
 }
 
 pub struct TftpServer {
-    pub files: Arc<FileSource>,
-    pub settings: TftpSettings,
-    pub metrics: Arc<TftpMetrics>,
+    files: Arc<FileSource>,
+    settings: TftpSettings,
+    metrics: Arc<TftpMetrics>,
     /// Where transfer events go (the node timeline); None: only logged.
-    pub events: Option<mpsc::UnboundedSender<TransferEvent>>,
+    events: Option<mpsc::UnboundedSender<TransferEvent>>,
+    /// Transfers in progress by client address, so a retransmitted request nudges its
+    /// transfer instead of starting a second one.
+    active: std::sync::Mutex<HashMap<SocketAddr, Arc<Notify>>>,
+}
+
+/// Removes a transfer from `active` when it ends, however it ends.
+struct ActiveGuard<'a> {
+    server: &'a TftpServer,
+    client: SocketAddr,
+}
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.server
+            .active
+            .lock()
+            .expect("active lock")
+            .remove(&self.client);
+    }
 }
 
 impl TftpServer {
+    pub fn new(
+        files: Arc<FileSource>,
+        settings: TftpSettings,
+        metrics: Arc<TftpMetrics>,
+        events: Option<mpsc::UnboundedSender<TransferEvent>>,
+    ) -> Self {
+        Self {
+            files,
+            settings,
+            metrics,
+            events,
+            active: Default::default(),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<TftpMetrics> {
+        &self.metrics
+    }
+
     /// Serves on an already-bound socket until `shutdown`; then waits for transfers.
     pub async fn run(
         self: Arc<Self>,
@@ -106,6 +146,20 @@ impl TftpServer {
                     continue;
                 }
             };
+            let existing = self
+                .active
+                .lock()
+                .expect("active lock")
+                .get(&client)
+                .cloned();
+            if let Some(kick) = existing {
+                // The client did not hear us yet and asked again: same transfer.
+                self.metrics
+                    .duplicate_requests
+                    .fetch_add(1, Ordering::Relaxed);
+                kick.notify_one();
+                continue;
+            }
             self.metrics.requests.fetch_add(1, Ordering::Relaxed);
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 self.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
@@ -118,13 +172,22 @@ impl TftpServer {
                 .await;
                 continue;
             };
+            let kick = Arc::new(Notify::new());
+            self.active
+                .lock()
+                .expect("active lock")
+                .insert(client, kick.clone());
             let server = self.clone();
             let shutdown = shutdown.clone();
             transfers.spawn(async move {
                 let _permit = permit;
+                let _active = ActiveGuard {
+                    server: &server,
+                    client,
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
-                    _ = server.transfer(local_ip, client, request) => {}
+                    _ = server.transfer(local_ip, client, request, &kick) => {}
                 }
             });
         }
@@ -137,6 +200,7 @@ impl TftpServer {
         local_ip: IpAddr,
         client: SocketAddr,
         request: super::packet::Request,
+        kick: &Notify,
     ) {
         let started = Instant::now();
         let mut event = TransferEvent {
@@ -147,13 +211,15 @@ impl TftpServer {
             retransmits: 0,
             outcome: Outcome::Completed,
         };
-        let outcome = self.serve(local_ip, client, &request, &mut event).await;
+        let outcome = self
+            .serve(local_ip, client, &request, &mut event, kick)
+            .await;
         event.duration = started.elapsed();
         event.outcome = outcome;
         self.metrics.record(&event);
         match &event.outcome {
-            Outcome::Completed => {
-                tracing::info!(%client, file = %event.file, bytes = event.bytes, ms = event.duration.as_millis() as u64, retransmits = event.retransmits, "tftp transfer done")
+            Outcome::Completed | Outcome::Unconfirmed => {
+                tracing::info!(%client, file = %event.file, bytes = event.bytes, ms = event.duration.as_millis() as u64, retransmits = event.retransmits, confirmed = event.outcome == Outcome::Completed, "tftp transfer done")
             }
             other => {
                 tracing::info!(%client, file = %event.file, outcome = ?other, "tftp transfer failed")
@@ -170,6 +236,7 @@ impl TftpServer {
         client: SocketAddr,
         request: &super::packet::Request,
         event: &mut TransferEvent,
+        kick: &Notify,
     ) -> Outcome {
         let socket = match bind_reply_socket(local_ip, client).await {
             Ok(s) => s,
@@ -222,6 +289,9 @@ impl TftpServer {
         let mut step = transfer.start(now);
         let mut packet = Vec::with_capacity(transfer.blksize() as usize + 4);
         let mut buf = vec![0u8; 1024];
+        // One timer for the whole transfer, moved forward rather than re-created.
+        let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(transfer.deadline()));
+        tokio::pin!(timer);
         loop {
             match step {
                 Step::Done => {
@@ -256,8 +326,7 @@ impl TftpServer {
                         );
                         if let Err(e) = socket.send(&packet).await {
                             // ICMP unreachable from an earlier send: the client is gone.
-                            event.bytes = transfer.bytes_acked(len);
-                            return Outcome::Failed(format!("send failed: {e}"));
+                            return client_gone(&transfer, len, event, e);
                         }
                     }
                 }
@@ -267,27 +336,49 @@ impl TftpServer {
                 event.bytes = transfer.bytes_acked(len);
                 return Outcome::Failed("transfer took longer than the total timeout".into());
             }
-            let deadline = tokio::time::Instant::from_std(transfer.deadline());
-            step = match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-                Err(_) => transfer.on_timeout(Instant::now()),
-                Ok(Err(e)) => {
-                    event.bytes = transfer.bytes_acked(len);
-                    return Outcome::Failed(format!("client unreachable: {e}"));
+            timer
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(transfer.deadline()));
+            step = tokio::select! {
+                _ = &mut timer => {
+                    tracing::debug!(%client, rto_ms = transfer.rto().as_millis() as u64, "tftp retransmission timeout");
+                    transfer.on_timeout(Instant::now())
                 }
-                Ok(Ok(n)) => match Packet::parse(&buf[..n]) {
-                    Ok(Packet::Ack { block }) => transfer.on_ack(block, Instant::now()),
-                    Ok(Packet::Error { code, message }) => {
-                        event.bytes = transfer.bytes_acked(len);
-                        return Outcome::Aborted(format!("client sent error {code}: {message}"));
-                    }
-                    Ok(_) | Err(_) => {
-                        self.metrics.malformed.fetch_add(1, Ordering::Relaxed);
-                        Step::Wait
-                    }
+                _ = kick.notified() => transfer.on_duplicate(Instant::now()),
+                received = socket.recv(&mut buf) => match received {
+                    Err(e) => return client_gone(&transfer, len, event, e),
+                    Ok(n) => match Packet::parse(&buf[..n]) {
+                        Ok(Packet::Ack { block }) => transfer.on_ack(block, Instant::now()),
+                        Ok(Packet::Error { code, message }) => {
+                            event.bytes = transfer.bytes_acked(len);
+                            return Outcome::Aborted(format!("client sent error {code}: {message}"));
+                        }
+                        Ok(_) | Err(_) => {
+                            self.metrics.malformed.fetch_add(1, Ordering::Relaxed);
+                            Step::Wait
+                        }
+                    },
                 },
             };
         }
     }
+}
+
+/// The client's port closed (ICMP port unreachable). After the final block that is a
+/// client that has everything and did not linger for our retransmission.
+fn client_gone(
+    transfer: &Transfer,
+    len: u64,
+    event: &mut TransferEvent,
+    e: std::io::Error,
+) -> Outcome {
+    event.retransmits = transfer.retransmits;
+    if transfer.all_sent() && e.kind() == std::io::ErrorKind::ConnectionRefused {
+        event.bytes = len;
+        return Outcome::Unconfirmed;
+    }
+    event.bytes = transfer.bytes_acked(len);
+    Outcome::Failed(format!("client unreachable: {e}"))
 }
 
 /// A socket of its own for one transfer (RFC 1350 TIDs), sending from the address the

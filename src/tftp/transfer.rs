@@ -43,8 +43,11 @@ struct Rto {
     ceiling: Duration,
 }
 
-const INITIAL_RTO: Duration = Duration::from_millis(1000);
+const INITIAL_RTO: Duration = Duration::from_millis(500);
 const MIN_RTO: Duration = Duration::from_millis(20);
+/// High enough that a backed-off sender falls silent for longer than clients' own 5 s
+/// timeout: atftp ignores duplicate blocks without re-acknowledging, and restarts its
+/// timer on each one, so only a pause makes it repeat the ACK it lost.
 const MAX_RTO: Duration = Duration::from_secs(5);
 
 impl Rto {
@@ -70,6 +73,14 @@ impl Rto {
         self.rttvar = rttvar;
         self.current =
             (srtt + (rttvar * 4).max(Duration::from_millis(5))).clamp(MIN_RTO, self.ceiling);
+    }
+
+    /// How long after a send a duplicate ACK or request counts as "the client is still
+    /// waiting" rather than an echo of what is already in flight.
+    /// Half a round trip: echoes of one event arrive within a packet time of each other,
+    /// while a client that timed out repeats itself after its own timeout (seconds).
+    fn duplicate_gap(&self) -> Duration {
+        (self.srtt.unwrap_or(MIN_RTO) / 2).max(MIN_RTO)
     }
 
     fn back_off(&mut self) {
@@ -141,8 +152,18 @@ impl Transfer {
         }
     }
 
+    /// The current retransmission timeout.
+    pub fn rto(&self) -> Duration {
+        self.rto.current
+    }
+
     pub fn deadline(&self) -> Instant {
         self.sent_at + self.rto.current
+    }
+
+    /// Whether the final block has been sent (maybe not yet acknowledged).
+    pub fn all_sent(&self) -> bool {
+        self.sent_up_to == self.last_block
     }
 
     pub fn bytes_acked(&self, len: u64) -> u64 {
@@ -170,7 +191,10 @@ impl Transfer {
                 // Only blocks in flight can be acknowledged; anything else is stale.
                 let span = self.sent_up_to - self.acked;
                 let offset = (wire as u64).wrapping_sub(self.acked) & 0xffff;
-                if offset == 0 || offset > span {
+                if offset == 0 {
+                    return self.on_duplicate(now);
+                }
+                if offset > span {
                     return Step::Wait;
                 }
                 let block = self.acked + offset;
@@ -188,6 +212,28 @@ impl Transfer {
                 // A mid-window ACK means the client lost what followed: resend from there.
                 self.send_window_after(block)
             }
+        }
+    }
+
+    /// The client repeated its last ACK, or its request: it is waiting for what is in
+    /// flight. Resend it at once, but at most once per round trip, so echoes of one loss
+    /// never turn into duplicate bursts (Sorcerer's Apprentice).
+    pub fn on_duplicate(&mut self, now: Instant) -> Step {
+        if self.phase == Phase::Finished
+            || now.saturating_duration_since(self.sent_at) < self.rto.duplicate_gap()
+        {
+            return Step::Wait;
+        }
+        self.retransmits += 1;
+        self.retransmitted = true;
+        self.sent_at = now;
+        match self.phase {
+            Phase::AwaitOackAck => Step::SendOack,
+            _ if self.sent_up_to > self.acked => Step::SendBlocks {
+                first: self.acked + 1,
+                last: self.sent_up_to,
+            },
+            _ => Step::Wait,
         }
     }
 
@@ -255,6 +301,13 @@ mod tests {
         t.start(now);
         assert_eq!(t.on_ack(1, now), Step::SendBlocks { first: 2, last: 2 });
         assert_eq!(t.on_ack(1, now), Step::Wait, "Sorcerer's Apprentice");
+        let soon = now + Duration::from_millis(1);
+        assert_eq!(t.on_ack(1, soon), Step::Wait, "an echo within a round trip");
+        // Much later the same ACK means "still waiting": resend, once.
+        let later = now + Duration::from_millis(900);
+        assert_eq!(t.on_ack(1, later), Step::SendBlocks { first: 2, last: 2 });
+        assert_eq!(t.on_ack(1, later), Step::Wait);
+        assert_eq!(t.retransmits, 1);
         assert_eq!(t.on_ack(0, now), Step::Wait);
         assert_eq!(t.on_ack(9, now), Step::Wait, "beyond what was sent");
     }
@@ -334,5 +387,24 @@ mod tests {
         // A negotiated timeout caps the estimate, it never lengthens it.
         let (t, _) = transfer(100, &[("timeout", "1")]);
         assert!(t.rto.current <= Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod duplicate_request_tests {
+    use super::*;
+    use crate::tftp::options::{OptionLimits, negotiate};
+
+    #[test]
+    fn a_repeated_request_resends_the_oack_once_per_round_trip() {
+        let requested = vec![("blksize".to_string(), "1468".to_string())];
+        let n = negotiate(&requested, 10_000, OptionLimits::default());
+        let now = Instant::now();
+        let mut t = Transfer::new(10_000, &n, 5, now);
+        assert_eq!(t.start(now), Step::SendOack);
+        assert_eq!(t.on_duplicate(now), Step::Wait);
+        let later = now + Duration::from_millis(500);
+        assert_eq!(t.on_duplicate(later), Step::SendOack);
+        assert_eq!(t.on_duplicate(later), Step::Wait);
     }
 }

@@ -45,12 +45,12 @@ impl Tftp {
         let port = socket.local_addr().unwrap().port();
         let metrics = Arc::new(TftpMetrics::default());
         let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-        let server = Arc::new(TftpServer {
-            files: Arc::new(FileSource::new(Some(dir.path().to_path_buf()), None)),
-            settings: TftpSettings::default(),
-            metrics: metrics.clone(),
-            events: Some(tx),
-        });
+        let server = Arc::new(TftpServer::new(
+            Arc::new(FileSource::new(Some(dir.path().to_path_buf()), None)),
+            TftpSettings::default(),
+            metrics.clone(),
+            Some(tx),
+        ));
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.run(socket, shutdown.clone()));
         Self {
