@@ -56,9 +56,15 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
+    // Handlers first: a SIGTERM that arrives once we say we listen must shut down cleanly.
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    use tokio::signal::unix::{SignalKind, signal};
+    let signals = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    tokio::spawn(cancel_on_signal(signals, shutdown.clone()));
+    tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
     let tftp = crate::server::start_tftp(&cfg, &state, shutdown.clone()).await?;
     let http = crate::server::run(listener, state, shutdown.clone()).await;
     shutdown.cancel();
@@ -70,12 +76,13 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
     http
 }
 
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+async fn cancel_on_signal(
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+    shutdown: CancellationToken,
+) {
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = int.recv() => {}
     }
     tracing::info!("signal received, shutting down");
     shutdown.cancel();

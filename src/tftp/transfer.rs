@@ -45,6 +45,11 @@ struct Rto {
 
 const INITIAL_RTO: Duration = Duration::from_millis(500);
 const MIN_RTO: Duration = Duration::from_millis(20);
+/// Before ACK 0 the server repeats its OACK only this late. A client that lost the OACK
+/// repeats its request, which is answered at once (`on_duplicate`); a client whose ACK 0
+/// was lost repeats it after its own timeout. atftp aborts on a second OACK ("unexpected
+/// OACK"), so ours must come after atftp's 5 s timeout, not before.
+const OACK_RETRY: Duration = Duration::from_secs(6);
 /// High enough that a backed-off sender falls silent for longer than clients' own 5 s
 /// timeout: atftp ignores duplicate blocks without re-acknowledging, and restarts its
 /// timer on each one, so only a pause makes it repeat the ACK it lost.
@@ -158,7 +163,10 @@ impl Transfer {
     }
 
     pub fn deadline(&self) -> Instant {
-        self.sent_at + self.rto.current
+        match self.phase {
+            Phase::AwaitOackAck => self.sent_at + OACK_RETRY,
+            _ => self.sent_at + self.rto.current,
+        }
     }
 
     /// Whether the final block has been sent (maybe not yet acknowledged).

@@ -438,7 +438,7 @@ fn transfers_complete_under_five_percent_loss() {
         .enumerate()
         .map(|(i, (name, _))| {
             let out = work.path().join(format!("got-{name}"));
-            let child = if i % 2 == 0 {
+            let mut child = if i % 2 == 0 {
                 let url = format!("tftp://127.0.0.1/{name}");
                 ns.exec(
                     "curl",
@@ -453,7 +453,6 @@ fn transfers_complete_under_five_percent_loss() {
                         out.to_str().unwrap(),
                     ],
                 )
-                .spawn()
             } else {
                 ns.exec(
                     "atftp",
@@ -471,14 +470,22 @@ fn transfers_complete_under_five_percent_loss() {
                         "69",
                     ],
                 )
-                .spawn()
             };
+            let child = child
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn();
             (name.clone(), out, child.unwrap())
         })
         .collect();
-    for (name, out, mut child) in children {
-        let status = child.wait().unwrap();
-        assert!(status.success(), "{name}: client failed under loss");
+    for (name, out, child) in children {
+        let result = child.wait_with_output().unwrap();
+        assert!(
+            result.status.success(),
+            "{name}: client failed under loss: {}{}",
+            String::from_utf8_lossy(&result.stdout),
+            String::from_utf8_lossy(&result.stderr)
+        );
         let expected = &files.iter().find(|(n, _)| *n == name).unwrap().1;
         same_file(&out, expected);
     }
