@@ -306,6 +306,7 @@ impl TftpServer {
                     return Outcome::Failed(reason);
                 }
                 Step::SendOack => {
+                    tracing::debug!(%client, "tftp sending oack");
                     if let Err(e) = socket.send(&oack).await {
                         return Outcome::Failed(format!("send failed: {e}"));
                     }
@@ -344,11 +345,17 @@ impl TftpServer {
                     tracing::debug!(%client, rto_ms = transfer.rto().as_millis() as u64, "tftp retransmission timeout");
                     transfer.on_timeout(Instant::now())
                 }
-                _ = kick.notified() => transfer.on_duplicate(Instant::now()),
+                _ = kick.notified() => {
+                    tracing::debug!(%client, "tftp request repeated");
+                    transfer.on_duplicate(Instant::now())
+                }
                 received = socket.recv(&mut buf) => match received {
                     Err(e) => return client_gone(&transfer, len, event, e),
                     Ok(n) => match Packet::parse(&buf[..n]) {
-                        Ok(Packet::Ack { block }) => transfer.on_ack(block, Instant::now()),
+                        Ok(Packet::Ack { block }) => {
+                            tracing::trace!(%client, block, "tftp ack");
+                            transfer.on_ack(block, Instant::now())
+                        }
                         Ok(Packet::Error { code, message }) => {
                             event.bytes = transfer.bytes_acked(len);
                             return Outcome::Aborted(format!("client sent error {code}: {message}"));

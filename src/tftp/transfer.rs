@@ -67,6 +67,9 @@ impl Rto {
     }
 
     fn sample(&mut self, rtt: Duration) {
+        // An ACK the client repeated after its own timeout looks like a huge round trip;
+        // clamping keeps one such sample from inflating the RTO past the client's timeout.
+        let rtt = self.srtt.map_or(rtt, |s| rtt.min(s * 2));
         let (srtt, rttvar) = match self.srtt {
             None => (rtt, rtt / 2),
             Some(s) => {
@@ -108,6 +111,9 @@ pub struct Transfer {
     sent_at: Instant,
     /// Whether what is in flight was sent more than once (Karn's rule).
     retransmitted: bool,
+    /// When we last sent something twice: until about two round trips later a duplicate
+    /// ACK may be the client's echo of that copy rather than news.
+    last_retransmit_at: Option<Instant>,
     pub retransmits: u64,
 }
 
@@ -130,6 +136,7 @@ impl Transfer {
             rto: Rto::new(n.timeout),
             sent_at: now,
             retransmitted: false,
+            last_retransmit_at: None,
             retransmits: 0,
         }
     }
@@ -189,8 +196,9 @@ impl Transfer {
         match self.phase {
             Phase::Finished => Step::Done,
             Phase::AwaitOackAck if wire == 0 => {
+                // No RTT sample here: when ACK 0 is lost the client repeats it after its
+                // own timeout (a second or more), and that must not become our RTO.
                 self.phase = Phase::Sending;
-                self.sample(now);
                 self.sent_at = now;
                 self.send_window_after(0)
             }
@@ -223,26 +231,37 @@ impl Transfer {
         }
     }
 
-    /// The client repeated its last ACK, or its request: it is waiting for what is in
-    /// flight. Resend it at once, but at most once per round trip, so echoes of one loss
-    /// never turn into duplicate bursts (Sorcerer's Apprentice).
+    /// The client repeated its last ACK, or its request: it is missing what is in flight
+    /// (a window whose first block was lost, an ACK of ours it never got). Resend at once,
+    /// unless the repeat may be an echo of a copy we sent twice (Sorcerer's Apprentice):
+    /// within two round trips of a retransmission, resend at most once per half round trip.
     pub fn on_duplicate(&mut self, now: Instant) -> Step {
-        if self.phase == Phase::Finished
-            || now.saturating_duration_since(self.sent_at) < self.rto.duplicate_gap()
-        {
+        if self.phase == Phase::Finished {
             return Step::Wait;
         }
-        self.retransmits += 1;
-        self.retransmitted = true;
-        self.sent_at = now;
-        match self.phase {
+        let echo_possible = self
+            .last_retransmit_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.rto.duplicate_gap() * 4);
+        if echo_possible && now.saturating_duration_since(self.sent_at) < self.rto.duplicate_gap() {
+            return Step::Wait;
+        }
+        let step = match self.phase {
             Phase::AwaitOackAck => Step::SendOack,
             _ if self.sent_up_to > self.acked => Step::SendBlocks {
                 first: self.acked + 1,
                 last: self.sent_up_to,
             },
-            _ => Step::Wait,
-        }
+            _ => return Step::Wait,
+        };
+        self.note_retransmit(now);
+        step
+    }
+
+    fn note_retransmit(&mut self, now: Instant) {
+        self.retransmits += 1;
+        self.retransmitted = true;
+        self.last_retransmit_at = Some(now);
+        self.sent_at = now;
     }
 
     fn sample(&mut self, now: Instant) {
@@ -263,10 +282,8 @@ impl Transfer {
             ));
         }
         self.retries += 1;
-        self.retransmits += 1;
-        self.retransmitted = true;
+        self.note_retransmit(now);
         self.rto.back_off();
-        self.sent_at = now;
         match self.phase {
             Phase::AwaitOackAck => Step::SendOack,
             _ => Step::SendBlocks {
@@ -308,14 +325,19 @@ mod tests {
         let (mut t, now) = transfer(5000, &[]);
         t.start(now);
         assert_eq!(t.on_ack(1, now), Step::SendBlocks { first: 2, last: 2 });
-        assert_eq!(t.on_ack(1, now), Step::Wait, "Sorcerer's Apprentice");
+        // A repeated ACK with no copy of ours about is news: resend at once, once.
+        assert_eq!(t.on_ack(1, now), Step::SendBlocks { first: 2, last: 2 });
+        // Now copies are about: repeats are echoes, whatever their number.
+        for _ in 0..10 {
+            assert_eq!(t.on_ack(1, now), Step::Wait, "Sorcerer's Apprentice");
+        }
         let soon = now + Duration::from_millis(1);
         assert_eq!(t.on_ack(1, soon), Step::Wait, "an echo within a round trip");
         // Much later the same ACK means "still waiting": resend, once.
         let later = now + Duration::from_millis(900);
         assert_eq!(t.on_ack(1, later), Step::SendBlocks { first: 2, last: 2 });
         assert_eq!(t.on_ack(1, later), Step::Wait);
-        assert_eq!(t.retransmits, 1);
+        assert_eq!(t.retransmits, 2);
         assert_eq!(t.on_ack(0, now), Step::Wait);
         assert_eq!(t.on_ack(9, now), Step::Wait, "beyond what was sent");
     }
@@ -404,12 +426,13 @@ mod duplicate_request_tests {
     use crate::tftp::options::{OptionLimits, negotiate};
 
     #[test]
-    fn a_repeated_request_resends_the_oack_once_per_round_trip() {
+    fn repeated_requests_resend_the_oack_at_most_once_per_round_trip() {
         let requested = vec![("blksize".to_string(), "1468".to_string())];
         let n = negotiate(&requested, 10_000, OptionLimits::default());
         let now = Instant::now();
         let mut t = Transfer::new(10_000, &n, 5, now);
         assert_eq!(t.start(now), Step::SendOack);
+        assert_eq!(t.on_duplicate(now), Step::SendOack);
         assert_eq!(t.on_duplicate(now), Step::Wait);
         let later = now + Duration::from_millis(500);
         assert_eq!(t.on_duplicate(later), Step::SendOack);
