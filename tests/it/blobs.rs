@@ -133,25 +133,12 @@ async fn verify_quarantines_corrupt_blobs_which_are_never_served() {
     let server = TestServer::start().await;
     let kernel = b"a kernel that will rot".to_vec();
     let hex = publish_kernel(&server, &kernel).await;
-    let (_, clean) = server
-        .post("/api/v1/blobs/verify")
-        .send()
-        .await
-        .map(|r| (0, r))
-        .unwrap();
-    let clean: serde_json::Value = clean.json().await.unwrap();
+    let clean = server.post_json("/api/v1/blobs/verify").await;
     assert_eq!(clean["checked"], 2);
     assert_eq!(clean["quarantined"], serde_json::json!([]));
 
     std::fs::write(server.blob_dir().join(&hex), b"a kernel that has rotted").unwrap();
-    let report: serde_json::Value = server
-        .post("/api/v1/blobs/verify")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = server.post_json("/api/v1/blobs/verify").await;
     let digest = format!("sha256:{hex}");
     assert_eq!(report["quarantined"], serde_json::json!([digest]));
     assert_eq!(report["missing"], serde_json::json!([digest]));
@@ -175,14 +162,7 @@ async fn verify_quarantines_corrupt_blobs_which_are_never_served() {
         .await
         .unwrap();
     assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
-    let report: serde_json::Value = server
-        .post("/api/v1/blobs/verify")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = server.post_json("/api/v1/blobs/verify").await;
     assert_eq!(report["missing"], serde_json::json!([]));
     server.stop().await;
 }
@@ -194,14 +174,7 @@ async fn gc_removes_only_unreferenced_blobs() {
     let orphan = b"nobody needs me";
     let orphan_hex = Digest::of(orphan).hex();
     std::fs::write(server.blob_dir().join(&orphan_hex), orphan).unwrap();
-    let report: serde_json::Value = server
-        .post("/api/v1/blobs/gc")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = server.post_json("/api/v1/blobs/gc").await;
     assert_eq!(
         report["removed"],
         serde_json::json!([format!("sha256:{orphan_hex}")])
@@ -232,14 +205,7 @@ async fn gc_during_publishes_never_loses_a_blob() {
         let (status, body) = p.await.unwrap();
         assert_eq!(status, 201, "{body}");
     }
-    let report: serde_json::Value = server
-        .post("/api/v1/blobs/verify")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report: serde_json::Value = server.post_json("/api/v1/blobs/verify").await;
     assert_eq!(report["missing"], serde_json::json!([]), "{report}");
     assert_eq!(report["checked"], 9, "8 kernels and one shared initrd");
     server.stop().await;

@@ -82,6 +82,11 @@ impl TestServer {
         (status, r.json().await.unwrap())
     }
 
+    /// POSTs to an admin route with no body; returns the JSON answer.
+    pub async fn post_json(&self, path: &str) -> serde_json::Value {
+        self.post(path).send().await.unwrap().json().await.unwrap()
+    }
+
     pub async fn json(&self, path: &str) -> (u16, serde_json::Value) {
         let r = self.get(path).send().await.unwrap();
         let status = r.status().as_u16();
