@@ -287,7 +287,16 @@ impl TftpServer {
         }
         .encode();
         let mut step = transfer.start(now);
-        let mut packet = Vec::with_capacity(transfer.blksize() as usize + 4);
+        let segment = transfer.blksize() as usize + 4;
+        let gso = negotiated.windowsize > 1 && enable_gso(&socket, segment);
+        let mut packet = Vec::with_capacity(
+            segment
+                * if gso {
+                    max_segments(segment) as usize
+                } else {
+                    1
+                },
+        );
         let mut buf = vec![0u8; 1024];
         // One timer for the whole transfer, moved forward rather than re-created.
         let timer = tokio::time::sleep_until(tokio::time::Instant::from_std(transfer.deadline()));
@@ -318,17 +327,26 @@ impl TftpServer {
                         Ok(w) => w,
                         Err(e) => return Outcome::Failed(format!("read failed: {e}")),
                     };
-                    for b in first..=last {
-                        let (start, end) = transfer.block_range(b, len);
+                    // With GSO, consecutive full-size packets leave in one system call;
+                    // the kernel cuts the buffer into datagrams of `segment` bytes.
+                    let per_send = if gso { max_segments(segment) } else { 1 };
+                    let mut b = first;
+                    while b <= last {
                         packet.clear();
-                        encode_data_header(&mut packet, Transfer::wire_block(b));
-                        packet.extend_from_slice(
-                            &window[(start - window_start) as usize..(end - window_start) as usize],
-                        );
+                        let batch_end = (b + per_send - 1).min(last);
+                        for block in b..=batch_end {
+                            let (start, end) = transfer.block_range(block, len);
+                            encode_data_header(&mut packet, Transfer::wire_block(block));
+                            packet.extend_from_slice(
+                                &window[(start - window_start) as usize
+                                    ..(end - window_start) as usize],
+                            );
+                        }
                         if let Err(e) = socket.send(&packet).await {
                             // ICMP unreachable from an earlier send: the client is gone.
                             return client_gone(&transfer, len, event, e);
                         }
+                        b = batch_end + 1;
                     }
                 }
                 Step::Wait => {}
@@ -369,6 +387,23 @@ impl TftpServer {
             };
         }
     }
+}
+
+/// Turns on UDP generic segmentation offload for packets of `segment` bytes; false where
+/// the kernel lacks it (then every packet is its own system call).
+fn enable_gso(socket: &UdpSocket, segment: usize) -> bool {
+    nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::UdpGsoSegment,
+        &(segment as i32),
+    )
+    .is_ok()
+}
+
+/// Packets per GSO send: the kernel allows 64 segments and one UDP datagram's worth of
+/// bytes (65,507) per call.
+fn max_segments(segment: usize) -> u64 {
+    (65_000 / segment).clamp(1, 64) as u64
 }
 
 /// The client's port closed (ICMP port unreachable). After the final block that is a
