@@ -37,6 +37,10 @@ struct Tftp {
 
 impl Tftp {
     async fn start(files: &[(&str, Vec<u8>)]) -> Self {
+        Self::start_with(files, TftpSettings::default()).await
+    }
+
+    async fn start_with(files: &[(&str, Vec<u8>)], settings: TftpSettings) -> Self {
         let dir = tempfile::tempdir().unwrap();
         for (name, bytes) in files {
             std::fs::write(dir.path().join(name), bytes).unwrap();
@@ -47,7 +51,7 @@ impl Tftp {
         let (tx, events) = tokio::sync::mpsc::unbounded_channel();
         let server = Arc::new(TftpServer::new(
             Arc::new(FileSource::new(Some(dir.path().to_path_buf()), None)),
-            TftpSettings::default(),
+            settings,
             metrics.clone(),
             Some(tx),
         ));
@@ -507,4 +511,62 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+/// A client that asks and then never answers: its transfer ends (retries run out) with a
+/// failed event, and while it holds the only slot, others are told "busy" and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_time_out_and_the_cap_refuses_others() {
+    use bootfleet::tftp::packet::{Packet, Request};
+    let settings = TftpSettings {
+        max_transfers: 1,
+        max_retries: 2,
+        ..TftpSettings::default()
+    };
+    let mut server = Tftp::start_with(&[("f.bin", noise(100_000, 81))], settings).await;
+    let rrq = |name: &str| {
+        Packet::Rrq(Request {
+            filename: name.into(),
+            mode: "octet".into(),
+            options: vec![],
+        })
+        .encode()
+    };
+    let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    silent
+        .send_to(&rrq("f.bin"), ("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, _) = silent.recv_from(&mut buf).await.unwrap();
+    assert!(matches!(
+        Packet::parse(&buf[..n]),
+        Ok(Packet::Data { block: 1, .. })
+    ));
+
+    let other = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    other
+        .send_to(&rrq("f.bin"), ("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let (n, _) = other.recv_from(&mut buf).await.unwrap();
+    match Packet::parse(&buf[..n]).unwrap() {
+        Packet::Error { message, .. } => assert!(message.contains("busy"), "{message}"),
+        p => panic!("expected a busy error, got {p:?}"),
+    }
+    assert_eq!(server.metrics.refused_busy.load(Ordering::Relaxed), 1);
+
+    // The silent client never ACKs: after its retries the transfer ends, failed.
+    let event = tokio::time::timeout(std::time::Duration::from_secs(30), server.events.recv())
+        .await
+        .expect("the abandoned transfer ends")
+        .unwrap();
+    assert!(
+        matches!(event.outcome, bootfleet::tftp::metrics::Outcome::Failed(_)),
+        "{event:?}"
+    );
+    assert_eq!(event.retransmits, 2);
+    assert_eq!(event.bytes, 0);
+    assert_eq!(server.metrics.failed.load(Ordering::Relaxed), 1);
+    server.stop().await;
 }
