@@ -30,7 +30,8 @@ pub struct Cli {
     /// Admin bearer token (default: read <data-dir>/admin.token).
     #[arg(long, global = true, env = "BOOTFLEET_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Data directory: the server's store; admin commands read the token file there.
+    /// Data directory: the server's store; admin commands read the token file there
+    /// [default: ./bootfleet-data].
     #[arg(long, global = true, env = "BOOTFLEET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Output format of admin commands.
@@ -42,7 +43,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the server (HTTP API and artifact serving).
+    /// Run the server (HTTP API, artifact serving, and TFTP when configured).
     Serve(serve::ServeArgs),
     /// Publish, inspect, tag, verify and garbage-collect images.
     #[command(subcommand)]

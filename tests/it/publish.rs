@@ -228,3 +228,53 @@ async fn bad_tags_are_refused_with_reasons() {
     assert_eq!(status, 409, "{body}");
     server.stop().await;
 }
+
+/// Archives as GNU tar writes them in its other formats: PAX headers and GNU long names
+/// (paths over 100 bytes) are read, and the digest does not depend on the format.
+#[tokio::test]
+async fn pax_and_gnu_long_name_archives_from_real_tar() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!(
+        "boot/{}/vmlinuz",
+        ["a-directory-name-of-some-fifty-characters-in-length"; 5].join("/")
+    );
+    let long = long.as_str();
+    assert!(
+        long.len() > 256,
+        "over what even ustar's prefix field holds"
+    );
+    let img = dir.path().join("img");
+    std::fs::create_dir_all(img.join(long).parent().unwrap()).unwrap();
+    std::fs::write(img.join(long), noise(10_000, 91)).unwrap();
+    std::fs::write(img.join("initrd.img"), b"initrd").unwrap();
+    let text = manifest("fmt", "1").replace("\"vmlinuz\"", &format!("{long:?}"));
+    std::fs::write(img.join("manifest.toml"), text).unwrap();
+    let mut digests = Vec::new();
+    for format in ["gnu", "pax", "posix", "ustar"] {
+        let out = dir.path().join(format!("{format}.tar"));
+        let status = std::process::Command::new("tar")
+            .args([
+                &format!("--format={format}"),
+                "-cf",
+                out.to_str().unwrap(),
+                "-C",
+                img.to_str().unwrap(),
+                ".",
+            ])
+            .status()
+            .expect("tar is installed (scripts/test installs it)");
+        if format == "ustar" {
+            // ustar cannot hold a path this long; GNU tar says so and fails.
+            assert!(!status.success());
+            continue;
+        }
+        assert!(status.success(), "{format}");
+        let (status, body) = server.publish(std::fs::read(&out).unwrap()).await;
+        assert!(status == 201 || status == 200, "{format}: {body}");
+        digests.push(body["digest"].clone());
+    }
+    assert_eq!(digests.len(), 3);
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    server.stop().await;
+}
