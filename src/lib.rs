@@ -7,6 +7,7 @@ pub mod config;
 pub mod digest;
 pub mod http;
 pub mod image;
+pub mod node;
 pub mod registry;
 pub mod server;
 pub mod store;

@@ -53,3 +53,33 @@ fn readme_test_command_is_what_ci_runs() {
         ".ci/run calls the README's test command"
     );
 }
+
+#[test]
+fn architecture_draws_exactly_the_node_transition_table() {
+    use bootfleet::node::state::{ALLOWED, NodeState};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let block = doc
+        .split("```text node-lifecycle\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("ARCHITECTURE.md has a ```text node-lifecycle block");
+    let mut drawn = Vec::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let (from, tos) = line.split_once("->").expect("lines read `from -> to, to`");
+        let from =
+            NodeState::parse(from.trim()).unwrap_or_else(|| panic!("unknown state in {line:?}"));
+        for to in tos.split(',') {
+            let to =
+                NodeState::parse(to.trim()).unwrap_or_else(|| panic!("unknown state in {line:?}"));
+            drawn.push((from, to));
+        }
+    }
+    let mut table = ALLOWED.to_vec();
+    drawn.sort();
+    table.sort();
+    assert_eq!(
+        drawn, table,
+        "ARCHITECTURE.md and node::state::ALLOWED disagree"
+    );
+}

@@ -1,0 +1,4 @@
+//! Nodes: the lifecycle state machine (pure). The controller that persists transitions,
+//! attestation and validation judgements arrive with issue #5.
+
+pub mod state;

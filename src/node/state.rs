@@ -1,0 +1,254 @@
+//! The node lifecycle as data: states, the events that move a node, and the explicit table
+//! of allowed transitions. Pure: no I/O, no clock; the controller (issue #5) persists.
+//!
+//! Every event names its target state, so a transition is "look up the target, check the
+//! edge is in the table": there is no per-state branching to drift out of sync with the
+//! diagram in ARCHITECTURE.md, which a test compares with `ALLOWED`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Seen on the network (DHCP/PXE), not yet booted by us.
+    Discovered,
+    /// Booting: a boot script was served and a boot record opened.
+    Provisioning,
+    /// The agent attested: the node runs exactly the assigned image.
+    Booted,
+    /// Post-boot checks (GPUs, driver, compute) are running.
+    Validating,
+    /// Attested and validated: "GPU Ready", not just "Node Ready".
+    Ready,
+    /// A reimage was requested; the next heartbeat answers "reboot".
+    Reimaging,
+    AttestationFailed,
+    ValidationFailed,
+    /// Was ready; now runs something other than what it attested or the image pins.
+    Drifted,
+    /// Stopped heartbeating.
+    Unreachable,
+    /// Failed too often: needs a human or a hardware ticket.
+    Quarantined,
+}
+
+/// What happened to a node. Each event has exactly one target state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeEvent {
+    BootStarted,
+    Attested { passed: bool },
+    ValidationStarted,
+    Validated { passed: bool },
+    DriftDetected,
+    ReimageRequested,
+    HeartbeatLost,
+    QuarantineImposed,
+}
+
+impl NodeEvent {
+    pub fn target(self) -> NodeState {
+        use NodeState::*;
+        match self {
+            NodeEvent::BootStarted => Provisioning,
+            NodeEvent::Attested { passed: true } => Booted,
+            NodeEvent::Attested { passed: false } => AttestationFailed,
+            NodeEvent::ValidationStarted => Validating,
+            NodeEvent::Validated { passed: true } => Ready,
+            NodeEvent::Validated { passed: false } => ValidationFailed,
+            NodeEvent::DriftDetected => Drifted,
+            NodeEvent::ReimageRequested => Reimaging,
+            NodeEvent::HeartbeatLost => Unreachable,
+            NodeEvent::QuarantineImposed => Quarantined,
+        }
+    }
+}
+
+use NodeState::*;
+
+/// Every allowed edge. A stateless node may reboot at any time, so every state but
+/// quarantine may start a boot; quarantine is left only by an admin's reimage request.
+pub const ALLOWED: &[(NodeState, NodeState)] = &[
+    (Discovered, Provisioning),
+    (Discovered, Reimaging),
+    (Provisioning, Provisioning),
+    (Provisioning, Booted),
+    (Provisioning, AttestationFailed),
+    (Provisioning, Reimaging),
+    (Provisioning, Unreachable),
+    (Booted, Provisioning),
+    (Booted, Validating),
+    (Booted, Reimaging),
+    (Booted, Unreachable),
+    (Validating, Provisioning),
+    (Validating, Ready),
+    (Validating, ValidationFailed),
+    (Validating, Reimaging),
+    (Validating, Unreachable),
+    (Ready, Provisioning),
+    (Ready, Validating),
+    (Ready, Drifted),
+    (Ready, Reimaging),
+    (Ready, Unreachable),
+    (Reimaging, Provisioning),
+    (Reimaging, Unreachable),
+    (AttestationFailed, Provisioning),
+    (AttestationFailed, Reimaging),
+    (AttestationFailed, Unreachable),
+    (AttestationFailed, Quarantined),
+    (ValidationFailed, Provisioning),
+    (ValidationFailed, Validating),
+    (ValidationFailed, Reimaging),
+    (ValidationFailed, Unreachable),
+    (ValidationFailed, Quarantined),
+    (Drifted, Provisioning),
+    (Drifted, Reimaging),
+    (Drifted, Unreachable),
+    (Unreachable, Provisioning),
+    (Unreachable, Reimaging),
+    (Quarantined, Reimaging),
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a node that is {from} cannot become {to} ({event:?})")]
+pub struct TransitionError {
+    pub from: NodeState,
+    pub to: NodeState,
+    pub event: NodeEvent,
+}
+
+/// The state after `event`, or why the event is not allowed now.
+pub fn transition(from: NodeState, event: NodeEvent) -> Result<NodeState, TransitionError> {
+    let to = event.target();
+    if ALLOWED.contains(&(from, to)) {
+        Ok(to)
+    } else {
+        Err(TransitionError { from, to, event })
+    }
+}
+
+impl NodeState {
+    pub const ALL: [NodeState; 11] = [
+        Discovered,
+        Provisioning,
+        Booted,
+        Validating,
+        Ready,
+        Reimaging,
+        AttestationFailed,
+        ValidationFailed,
+        Drifted,
+        Unreachable,
+        Quarantined,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Discovered => "discovered",
+            Provisioning => "provisioning",
+            Booted => "booted",
+            Validating => "validating",
+            Ready => "ready",
+            Reimaging => "reimaging",
+            AttestationFailed => "attestation-failed",
+            ValidationFailed => "validation-failed",
+            Drifted => "drifted",
+            Unreachable => "unreachable",
+            Quarantined => "quarantined",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(from: NodeState, event: NodeEvent, expected: Option<NodeState>) {
+        assert_eq!(transition(from, event).ok(), expected, "{from} + {event:?}");
+    }
+
+    #[test]
+    fn the_happy_path_and_the_failures() {
+        check(Discovered, NodeEvent::BootStarted, Some(Provisioning));
+        check(
+            Provisioning,
+            NodeEvent::Attested { passed: true },
+            Some(Booted),
+        );
+        check(Booted, NodeEvent::ValidationStarted, Some(Validating));
+        check(
+            Validating,
+            NodeEvent::Validated { passed: true },
+            Some(Ready),
+        );
+        check(Ready, NodeEvent::DriftDetected, Some(Drifted));
+        check(Drifted, NodeEvent::ReimageRequested, Some(Reimaging));
+        check(Reimaging, NodeEvent::BootStarted, Some(Provisioning));
+        check(
+            Provisioning,
+            NodeEvent::Attested { passed: false },
+            Some(AttestationFailed),
+        );
+        check(
+            Validating,
+            NodeEvent::Validated { passed: false },
+            Some(ValidationFailed),
+        );
+        check(
+            ValidationFailed,
+            NodeEvent::QuarantineImposed,
+            Some(Quarantined),
+        );
+    }
+
+    #[test]
+    fn nothing_skips_attestation_or_validation() {
+        // Node Ready is not GPU Ready: no path to ready but through validation.
+        for from in NodeState::ALL {
+            let to_ready = transition(from, NodeEvent::Validated { passed: true });
+            assert_eq!(to_ready.is_ok(), from == Validating, "{from} -> ready");
+            let to_booted = transition(from, NodeEvent::Attested { passed: true });
+            assert_eq!(to_booted.is_ok(), from == Provisioning, "{from} -> booted");
+        }
+        check(Discovered, NodeEvent::ValidationStarted, None);
+        check(Provisioning, NodeEvent::ValidationStarted, None);
+    }
+
+    #[test]
+    fn quarantine_is_left_only_by_a_reimage_request() {
+        for event in [
+            NodeEvent::BootStarted,
+            NodeEvent::Attested { passed: true },
+            NodeEvent::ValidationStarted,
+            NodeEvent::Validated { passed: true },
+            NodeEvent::DriftDetected,
+            NodeEvent::HeartbeatLost,
+        ] {
+            check(Quarantined, event, None);
+        }
+        check(Quarantined, NodeEvent::ReimageRequested, Some(Reimaging));
+    }
+
+    #[test]
+    fn table_has_no_duplicates_and_names_round_trip() {
+        let mut edges = ALLOWED.to_vec();
+        edges.sort();
+        edges.dedup();
+        assert_eq!(edges.len(), ALLOWED.len());
+        for s in NodeState::ALL {
+            assert_eq!(NodeState::parse(s.as_str()), Some(s));
+        }
+    }
+}
