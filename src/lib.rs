@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the codemap and the invariants each module keeps.
 
 pub mod auth;
+pub mod boot;
 pub mod cli;
 pub mod config;
 pub mod digest;

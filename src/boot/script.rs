@@ -1,0 +1,343 @@
+//! Boot scripts: iPXE scripts rendered from minijinja templates held in memory (built in,
+//! or an operator's directory read once at start). Pure: no request, no database.
+
+use std::path::Path;
+
+use minijinja::Environment;
+use serde::Serialize;
+
+use crate::digest::Digest;
+
+/// The templates, by name; `templates/` in the repository, compiled into the binary.
+const BUILTIN: &[(&str, &str)] = &[
+    (
+        "entry.ipxe.j2",
+        include_str!("../../templates/entry.ipxe.j2"),
+    ),
+    ("node.ipxe.j2", include_str!("../../templates/node.ipxe.j2")),
+    (
+        "unassigned.ipxe.j2",
+        include_str!("../../templates/unassigned.ipxe.j2"),
+    ),
+    (
+        "unknown.ipxe.j2",
+        include_str!("../../templates/unknown.ipxe.j2"),
+    ),
+];
+
+/// Retry delays (seconds) for every fetch of a boot: 1, 2, 4, 8, 16 (31 s in all).
+pub const RETRY_DELAYS: [u32; 5] = [1, 2, 4, 8, 16];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template {name}: {message}")]
+    Invalid { name: String, message: String },
+    #[error("cannot read template {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub struct BootTemplates {
+    env: Environment<'static>,
+}
+
+/// One initrd of the script: the name iPXE gives it (UEFI kernels find it by that name
+/// through `initrd=<name>`) and its digest URL.
+#[derive(Debug, Clone, Serialize)]
+pub struct InitrdRef {
+    pub name: String,
+    pub url: String,
+}
+
+/// What a node's script needs of its image.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageBoot {
+    pub name: String,
+    pub version: String,
+    pub digest: Digest,
+    pub kernel_url: String,
+    pub initrds: Vec<InitrdRef>,
+    pub cmdline: String,
+}
+
+/// A node's boot: who, what, and the per-boot credentials that go on the command line.
+#[derive(Debug, Clone)]
+pub struct NodeBoot<'a> {
+    pub server: &'a str,
+    pub mac: &'a str,
+    pub boot_id: &'a str,
+    pub token: &'a str,
+    pub image: &'a ImageBoot,
+}
+
+/// The URL of a blob as nodes fetch it.
+pub fn blob_url(server: &str, digest: &Digest) -> String {
+    format!(
+        "{}/blobs/sha256/{}",
+        server.trim_end_matches('/'),
+        digest.hex()
+    )
+}
+
+impl BootTemplates {
+    /// The templates compiled into the binary.
+    pub fn builtin() -> Self {
+        Self::from_sources(BUILTIN.iter().map(|(n, s)| (n.to_string(), s.to_string())))
+            .expect("built-in templates are valid (a test renders each)")
+    }
+
+    /// The built-in templates, each replaced by a file of the same name in `dir` if there
+    /// is one. Read once: requests never touch the disk.
+    pub fn with_overrides(dir: &Path) -> Result<Self, TemplateError> {
+        let mut sources = Vec::new();
+        for (name, builtin) in BUILTIN {
+            let path = dir.join(name);
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => builtin.to_string(),
+                Err(source) => return Err(TemplateError::Read { path, source }),
+            };
+            sources.push((name.to_string(), text));
+        }
+        Self::from_sources(sources.into_iter())
+    }
+
+    fn from_sources(
+        sources: impl Iterator<Item = (String, String)>,
+    ) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        // Undefined variables are errors: a typo must not boot a node with an empty URL.
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .keep_trailing_newline(true)
+                .build()
+                .expect("default delimiters are valid"),
+        );
+        for (name, text) in sources {
+            env.add_template_owned(name.clone(), text)
+                .map_err(|e| TemplateError::Invalid {
+                    name,
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(Self { env })
+    }
+
+    fn render(&self, name: &str, ctx: minijinja::Value) -> Result<String, TemplateError> {
+        let invalid = |e: minijinja::Error| TemplateError::Invalid {
+            name: name.to_string(),
+            message: format!("{e:#}"),
+        };
+        self.env
+            .get_template(name)
+            .map_err(invalid)?
+            .render(ctx)
+            .map_err(invalid)
+    }
+
+    /// `/boot.ipxe`: the same for every client.
+    pub fn entry(&self, server: &str) -> Result<String, TemplateError> {
+        self.render("entry.ipxe.j2", minijinja::context! { server })
+    }
+
+    /// A node with an image: kernel and initrds by digest, with retries.
+    pub fn node(&self, b: &NodeBoot<'_>) -> Result<String, TemplateError> {
+        let initrd_args: Vec<String> = b
+            .image
+            .initrds
+            .iter()
+            .map(|i| format!("initrd={}", i.name))
+            .collect();
+        // The image's command line, then what the agent needs to find and prove its boot.
+        let kernel_args = [
+            initrd_args.join(" "),
+            b.image.cmdline.clone(),
+            format!("bootfleet.server={}", b.server),
+            format!("bootfleet.boot={}", b.boot_id),
+            format!("bootfleet.token={}", b.token),
+        ]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+        self.render(
+            "node.ipxe.j2",
+            minijinja::context! {
+                server => b.server,
+                mac => b.mac,
+                boot_id => b.boot_id,
+                image => minijinja::Value::from(minijinja::value::Serde(b.image)),
+                kernel_args,
+                delays => RETRY_DELAYS,
+            },
+        )
+    }
+
+    /// A known node with nothing assigned: local disk, or wait and ask again.
+    pub fn unassigned(
+        &self,
+        server: &str,
+        mac: &str,
+        local_boot: bool,
+    ) -> Result<String, TemplateError> {
+        self.render(
+            "unassigned.ipxe.j2",
+            minijinja::context! { server, mac, local_boot, retry_seconds => 60 },
+        )
+    }
+
+    /// A node seen for the first time.
+    pub fn unknown(&self, server: &str, mac: &str) -> Result<String, TemplateError> {
+        self.render(
+            "unknown.ipxe.j2",
+            minijinja::context! { server, mac, retry_seconds => 60 },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image() -> ImageBoot {
+        let server = "http://10.0.0.1:8080";
+        ImageBoot {
+            name: "gpu-node".into(),
+            version: "2026.12.0".into(),
+            digest: Digest::of(b"image"),
+            kernel_url: blob_url(server, &Digest::of(b"kernel")),
+            initrds: vec![
+                InitrdRef {
+                    name: "initrd.img".into(),
+                    url: blob_url(server, &Digest::of(b"initrd")),
+                },
+                InitrdRef {
+                    name: "modules.cpio".into(),
+                    url: blob_url(server, &Digest::of(b"modules")),
+                },
+            ],
+            cmdline: "console=ttyS0 quiet".into(),
+        }
+    }
+
+    fn node_script(t: &BootTemplates) -> String {
+        let image = image();
+        t.node(&NodeBoot {
+            server: "http://10.0.0.1:8080",
+            mac: "52-54-00-12-34-56",
+            boot_id: "b-42",
+            token: "secret-token",
+            image: &image,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn every_builtin_template_renders() {
+        let t = BootTemplates::builtin();
+        let entry = t.entry("http://10.0.0.1:8080").unwrap();
+        assert!(entry.starts_with("#!ipxe\n"), "{entry}");
+        assert!(entry.contains(
+            "chain --autofree http://10.0.0.1:8080/boot/node.ipxe?mac=${mac:hexhyp}&uuid=${uuid}"
+        ));
+        let unassigned = t.unassigned("http://s", "aa-bb", true).unwrap();
+        assert!(unassigned.contains("\nexit"), "{unassigned}");
+        let waiting = t.unassigned("http://s", "aa-bb", false).unwrap();
+        assert!(
+            waiting.contains("sleep 60") && waiting.contains("chain --autofree http://s/boot.ipxe")
+        );
+        let unknown = t.unknown("http://s", "aa-bb").unwrap();
+        assert!(unknown.starts_with("#!ipxe\n") && unknown.contains("aa-bb"));
+        assert!(node_script(&t).starts_with("#!ipxe\n"));
+    }
+
+    #[test]
+    fn node_script_boots_by_digest_with_retries_and_the_boot_credentials() {
+        let s = node_script(&BootTemplates::builtin());
+        let kernel = format!(
+            "kernel http://10.0.0.1:8080/blobs/sha256/{}",
+            Digest::of(b"kernel").hex()
+        );
+        let kernel_line = s.lines().find(|l| l.starts_with(&kernel)).expect(&s);
+        assert!(
+            kernel_line.contains(" initrd=initrd.img initrd=modules.cpio console=ttyS0 quiet bootfleet.server=http://10.0.0.1:8080 bootfleet.boot=b-42 bootfleet.token=secret-token "),
+            "{kernel_line}"
+        );
+        // Each fetch tried once per delay, then the failure path.
+        assert_eq!(s.matches(&kernel).count(), RETRY_DELAYS.len());
+        assert_eq!(
+            s.matches("initrd --name initrd.img ").count(),
+            RETRY_DELAYS.len()
+        );
+        assert_eq!(
+            s.matches("initrd --name modules.cpio ").count(),
+            RETRY_DELAYS.len()
+        );
+        for d in RETRY_DELAYS {
+            assert!(s.contains(&format!("sleep {d}\n")), "sleep {d}");
+        }
+        assert!(s.contains(":failed\necho bootfleet: boot of gpu-node:2026.12.0 failed"));
+        // Kernel before initrds, then boot.
+        let first_kernel = s.find("\nkernel ").unwrap();
+        let first_initrd = s.find("\ninitrd ").unwrap();
+        let boot = s.find("\nboot ||").unwrap();
+        assert!(first_kernel < first_initrd && first_initrd < boot, "{s}");
+        // Every goto has its label.
+        for target in s
+            .lines()
+            .filter_map(|l| l.split("goto ").nth(1))
+            .map(|t| t.trim_end_matches(" ||").trim())
+        {
+            assert!(
+                s.contains(&format!("\n:{target}\n")),
+                "missing label {target}"
+            );
+        }
+    }
+
+    #[test]
+    fn operator_templates_override_and_bad_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("entry.ipxe.j2"),
+            "#!ipxe\n# site {{ server }}\n",
+        )
+        .unwrap();
+        let t = BootTemplates::with_overrides(dir.path()).unwrap();
+        assert_eq!(t.entry("http://x").unwrap(), "#!ipxe\n# site http://x\n");
+        assert!(
+            node_script(&t).contains("kernel http://"),
+            "others stay built in"
+        );
+
+        std::fs::write(dir.path().join("node.ipxe.j2"), "#!ipxe\n{% for %}\n").unwrap();
+        let e = BootTemplates::with_overrides(dir.path())
+            .err()
+            .expect("syntax error refused");
+        assert!(e.to_string().contains("node.ipxe.j2"), "{e}");
+
+        std::fs::write(
+            dir.path().join("node.ipxe.j2"),
+            "#!ipxe\nkernel {{ image.kernle_url }}\n",
+        )
+        .unwrap();
+        let t = BootTemplates::with_overrides(dir.path()).unwrap();
+        let image = image();
+        let e = t
+            .node(&NodeBoot {
+                server: "s",
+                mac: "m",
+                boot_id: "b",
+                token: "t",
+                image: &image,
+            })
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("kernle_url") || e.to_string().contains("undefined"),
+            "{e}"
+        );
+    }
+}
