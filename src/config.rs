@@ -32,6 +32,8 @@ pub struct FileConfig {
     pub limits: BundleLimits,
     #[serde(default)]
     pub tftp: TftpFileConfig,
+    /// Boot-script templates overriding the built-in ones, file by file.
+    pub templates_dir: Option<PathBuf>,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
@@ -59,6 +61,7 @@ pub struct Overrides {
     pub max_artifact_bytes: Option<u64>,
     pub tftp_listen: Option<SocketAddr>,
     pub ipxe_dir: Option<PathBuf>,
+    pub templates_dir: Option<PathBuf>,
 }
 
 /// The settings the server runs with.
@@ -72,6 +75,7 @@ pub struct ServerConfig {
     pub tftp_listen: Option<SocketAddr>,
     pub ipxe_dir: PathBuf,
     pub tftp: crate::tftp::server::TftpSettings,
+    pub templates_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +130,7 @@ impl ServerConfig {
                 .ipxe_dir
                 .or(file.tftp.ipxe_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR)),
+            templates_dir: over.templates_dir.or(file.templates_dir),
             tftp: {
                 let mut t = crate::tftp::server::TftpSettings::default();
                 if let Some(n) = file.tftp.max_transfers {

@@ -31,10 +31,22 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         .await
         .context("cannot open the database")?;
     let token = AdminToken::load_or_create(cfg.admin_token_file.as_deref(), data_dir)?;
+    let templates = match &cfg.templates_dir {
+        Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
+        None => crate::boot::script::BootTemplates::builtin(),
+    };
+    let registry = Registry::new(store.clone(), blobs, cfg.limits);
+    let boot = crate::boot::service::BootService {
+        registry: registry.clone(),
+        templates,
+        controller: crate::node::controller::NodeController::new(store),
+    };
     Ok(AppState {
-        registry: Registry::new(store, blobs, cfg.limits),
+        registry,
         token,
         tasks: TaskTracker::new(),
+        boot: std::sync::Arc::new(boot),
+        fallback_url: format!("http://{}", cfg.listen),
     })
 }
 

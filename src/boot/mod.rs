@@ -2,3 +2,4 @@
 //! them, with boot records and tokens, come with issue #5.
 
 pub mod script;
+pub mod service;

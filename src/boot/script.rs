@@ -23,6 +23,7 @@ const BUILTIN: &[(&str, &str)] = &[
         "unknown.ipxe.j2",
         include_str!("../../templates/unknown.ipxe.j2"),
     ),
+    ("held.ipxe.j2", include_str!("../../templates/held.ipxe.j2")),
 ];
 
 /// Retry delays (seconds) for every fetch of a boot: 1, 2, 4, 8, 16 (31 s in all).
@@ -189,6 +190,20 @@ impl BootTemplates {
         )
     }
 
+    /// A node whose state forbids booting now (quarantined, or its image is missing).
+    pub fn held(
+        &self,
+        server: &str,
+        mac: &str,
+        state: &str,
+        reason: &str,
+    ) -> Result<String, TemplateError> {
+        self.render(
+            "held.ipxe.j2",
+            minijinja::context! { server, mac, state, reason, retry_seconds => 60 },
+        )
+    }
+
     /// A node seen for the first time.
     pub fn unknown(&self, server: &str, mac: &str) -> Result<String, TemplateError> {
         self.render(
@@ -236,6 +251,19 @@ mod tests {
     }
 
     #[test]
+    fn every_file_in_templates_is_built_in() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("templates");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let mut built_in: Vec<String> = BUILTIN.iter().map(|(n, _)| n.to_string()).collect();
+        on_disk.sort();
+        built_in.sort();
+        assert_eq!(on_disk, built_in);
+    }
+
+    #[test]
     fn every_builtin_template_renders() {
         let t = BootTemplates::builtin();
         let entry = t.entry("http://10.0.0.1:8080").unwrap();
@@ -248,6 +276,13 @@ mod tests {
         let waiting = t.unassigned("http://s", "aa-bb", false).unwrap();
         assert!(
             waiting.contains("sleep 60") && waiting.contains("chain --autofree http://s/boot.ipxe")
+        );
+        let held = t
+            .held("http://s", "aa-bb", "quarantined", "3 failed validations")
+            .unwrap();
+        assert!(
+            held.contains("aa-bb is quarantined: 3 failed validations"),
+            "{held}"
         );
         let unknown = t.unknown("http://s", "aa-bb").unwrap();
         assert!(unknown.starts_with("#!ipxe\n") && unknown.contains("aa-bb"));

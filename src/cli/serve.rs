@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// Directory of the iPXE binaries served over TFTP [default: /usr/lib/ipxe].
     #[arg(long, env = "BOOTFLEET_IPXE_DIR")]
     pub ipxe_dir: Option<PathBuf>,
+    /// Boot-script templates overriding the built-in ones, file by file (see templates/).
+    #[arg(long, env = "BOOTFLEET_TEMPLATES_DIR")]
+    pub templates_dir: Option<PathBuf>,
 }
 
 pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
@@ -48,6 +51,7 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
             max_artifact_bytes: args.max_artifact_bytes,
             tftp_listen: args.tftp_listen,
             ipxe_dir: args.ipxe_dir,
+            templates_dir: args.templates_dir,
         },
     );
     init_logging(cfg.log_format);

@@ -5,11 +5,12 @@ mod auth;
 mod blobs;
 mod error;
 mod images;
+mod nodes;
 pub mod range;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post, put};
+use axum::routing::{get, patch, post, put};
 use axum::{Json, Router, middleware};
 use tokio_util::task::TaskTracker;
 
@@ -25,6 +26,9 @@ pub struct AppState {
     pub token: AdminToken,
     /// Work that must finish even if its request is dropped (publishes); joined at shutdown.
     pub tasks: TaskTracker,
+    pub boot: std::sync::Arc<crate::boot::service::BootService>,
+    /// Our URL for boot scripts when a request carries no Host header.
+    pub fallback_url: String,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -36,6 +40,10 @@ pub fn router(state: AppState) -> Router {
         .route("/tags/{name}/{tag}/history", get(images::tag_history))
         .route("/blobs/verify", post(images::verify))
         .route("/blobs/gc", post(images::gc))
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/{mac}", get(nodes::show))
+        .route("/nodes/{mac}/image", put(nodes::assign))
+        .route("/nodes/{mac}/labels", patch(nodes::label))
         // Bundle size is bounded per entry by `[limits]`, not by a body cap.
         .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn_with_state(
@@ -46,6 +54,8 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/blobs/sha256/{hex}", get(blobs::get_blob))
+        .route("/boot.ipxe", get(nodes::entry))
+        .route("/boot/node.ipxe", get(nodes::node_script))
         .nest("/api/v1", admin)
         .with_state(state)
 }

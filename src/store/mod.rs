@@ -1,4 +1,7 @@
-//! The only module that speaks SQL: images, artifacts, tags and their history (SQLite).
+//! The only module that speaks SQL: images, artifacts, tags and their history (here),
+//! nodes, their state history and boots (`nodes`). SQLite.
+
+pub mod nodes;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -133,7 +136,9 @@ impl Store {
     /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred
     /// transaction that reads and then writes fails with SQLITE_BUSY, without waiting,
     /// when another writer committed in between.
-    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+    pub(crate) async fn write_tx(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 

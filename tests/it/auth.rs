@@ -15,6 +15,16 @@ async fn admin_routes_need_the_token() {
         (reqwest::Method::GET, "/api/v1/tags/n/stable/history"),
         (reqwest::Method::POST, "/api/v1/blobs/verify"),
         (reqwest::Method::POST, "/api/v1/blobs/gc"),
+        (reqwest::Method::GET, "/api/v1/nodes"),
+        (reqwest::Method::GET, "/api/v1/nodes/52:54:00:00:00:01"),
+        (
+            reqwest::Method::PUT,
+            "/api/v1/nodes/52:54:00:00:00:01/image",
+        ),
+        (
+            reqwest::Method::PATCH,
+            "/api/v1/nodes/52:54:00:00:00:01/labels",
+        ),
     ];
     for (method, path) in routes {
         let r = http
@@ -36,7 +46,7 @@ async fn admin_routes_need_the_token() {
     }
     // Nothing was published by the refused POST.
     server.assert_empty().await;
-    for open in ["/healthz", "/readyz"] {
+    for open in ["/healthz", "/readyz", "/boot.ipxe"] {
         assert_eq!(
             http.get(server.url(open)).send().await.unwrap().status(),
             200,

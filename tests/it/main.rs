@@ -4,6 +4,7 @@ mod auth;
 mod blobs;
 mod bundles;
 mod harness;
+mod nodes;
 mod process;
 mod publish;
 mod tftp;

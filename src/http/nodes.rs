@@ -1,0 +1,182 @@
+//! Boot routes (open: nodes fetch them) and the admin node API.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use crate::image::refs::ImageRef;
+use crate::node::mac::Mac;
+use crate::registry::RegistryError;
+use crate::store::nodes::{BootRecord, NodeRecord, StateChange};
+
+/// The URL nodes reach us by: the one this request came to.
+fn server_url(headers: &HeaderMap, state: &AppState) -> String {
+    match headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
+        Some(host) if !host.is_empty() && !host.contains(['/', ' ']) => format!("http://{host}"),
+        _ => state.fallback_url.clone(),
+    }
+}
+
+fn script(text: String) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::Internal(e.to_string())
+}
+
+pub async fn entry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    Ok(script(
+        state
+            .boot
+            .entry(&server_url(&headers, &state))
+            .map_err(internal)?,
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct NodeQuery {
+    mac: Option<String>,
+    uuid: Option<String>,
+}
+
+pub async fn node_script(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<NodeQuery>,
+) -> Result<Response, ApiError> {
+    let mac: Mac = q
+        .mac
+        .as_deref()
+        .ok_or_else(|| ApiError::BadRequest("mac is required (?mac=aa-bb-cc-dd-ee-ff)".into()))?
+        .parse()
+        .map_err(|e: crate::node::mac::MacError| ApiError::BadRequest(e.to_string()))?;
+    // iPXE sends an empty or all-zero UUID when the firmware has none.
+    let uuid = q.uuid.filter(|u| {
+        !u.is_empty() && u.len() <= 64 && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')
+    });
+    let text = state
+        .boot
+        .node_script(&server_url(&headers, &state), &mac, uuid.as_deref())
+        .await
+        .map_err(internal)?;
+    Ok(script(text))
+}
+
+fn parse_mac(s: &str) -> Result<Mac, ApiError> {
+    s.parse()
+        .map_err(|e: crate::node::mac::MacError| ApiError::BadRequest(e.to_string()))
+}
+
+fn store_err(e: crate::store::StoreError) -> ApiError {
+    ApiError::from(RegistryError::from(e))
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<NodeRecord>>, ApiError> {
+    Ok(Json(state.registry.store.nodes().await.map_err(store_err)?))
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: NodeRecord,
+    pub history: Vec<StateChange>,
+    /// Newest first.
+    pub boots: Vec<BootRecord>,
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+) -> Result<Json<NodeDetail>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    let store = &state.registry.store;
+    let node = store
+        .node(&mac)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))?;
+    Ok(Json(NodeDetail {
+        node,
+        history: store.node_history(&mac).await.map_err(store_err)?,
+        boots: store.boots(&mac, 10).await.map_err(store_err)?,
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct AssignRequest {
+    image: String,
+}
+
+/// Assigns a REF. It must resolve now (a typo is refused), and is resolved again at each
+/// boot, so a node assigned a tag follows the tag.
+pub async fn assign(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+    Json(req): Json<AssignRequest>,
+) -> Result<Json<NodeRecord>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    let reference = ImageRef::parse(&req.image).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    state.registry.resolve(&reference).await?;
+    Ok(Json(
+        state
+            .registry
+            .store
+            .assign(&mac, &reference.to_string())
+            .await
+            .map_err(store_err)?,
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct LabelRequest {
+    #[serde(default)]
+    set: BTreeMap<String, String>,
+    #[serde(default)]
+    remove: Vec<String>,
+}
+
+fn valid_label_key(k: &str) -> bool {
+    (1..=63).contains(&k.len())
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+}
+
+pub async fn label(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+    Json(req): Json<LabelRequest>,
+) -> Result<Json<NodeRecord>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    for (k, v) in &req.set {
+        if !valid_label_key(k) || v.len() > 253 || v.chars().any(char::is_control) {
+            return Err(ApiError::BadRequest(format!(
+                "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 printable characters"
+            )));
+        }
+    }
+    let node = state
+        .registry
+        .store
+        .label(&mac, &req.set, &req.remove)
+        .await
+        .map_err(store_err)?;
+    node.map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))
+}

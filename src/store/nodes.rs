@@ -1,0 +1,305 @@
+//! SQL for nodes, their state history and their boots. State changes are compare-and-set
+//! on `version`, so two writers never clobber each other: the loser is told.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreError, format_ms, now_ms, parse_digest};
+use crate::digest::Digest;
+use crate::node::mac::Mac;
+use crate::node::state::NodeState;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub mac: Mac,
+    pub uuid: Option<String>,
+    pub hostname: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// What the admin assigned (digest, name:version or name:tag), resolved at boot time.
+    pub assigned: Option<String>,
+    pub state: NodeState,
+    pub state_reason: String,
+    pub version: i64,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateChange {
+    pub from: Option<NodeState>,
+    pub to: NodeState,
+    pub reason: String,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BootRecord {
+    pub id: String,
+    pub image: Digest,
+    pub at: String,
+}
+
+/// The outcome of a compare-and-set state change.
+#[derive(Debug, PartialEq)]
+pub enum CasOutcome {
+    Done(NodeRecord),
+    /// Someone else changed the node since `version` was read.
+    Stale,
+}
+
+type NodeRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+);
+
+/// `SELECT` of every node column; static SQL, so sqlx needs no audit escape.
+macro_rules! select_nodes {
+    ($rest:literal) => {
+        concat!(
+            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms FROM nodes ",
+            $rest
+        )
+    };
+}
+
+fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
+    let corrupt = |m: String| StoreError::Corrupt(m);
+    Ok(NodeRecord {
+        mac: r
+            .0
+            .parse()
+            .map_err(|e: crate::node::mac::MacError| corrupt(e.to_string()))?,
+        uuid: r.1,
+        hostname: r.2,
+        labels: serde_json::from_str(&r.3).map_err(|e| corrupt(format!("labels: {e}")))?,
+        assigned: r.4,
+        state: NodeState::parse(&r.5).ok_or_else(|| corrupt(format!("state {:?}", r.5)))?,
+        state_reason: r.6,
+        version: r.7,
+        created_at: format_ms(r.8),
+        updated_at: format_ms(r.9),
+    })
+}
+
+impl Store {
+    pub async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+            .bind(mac.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(node_from_row).transpose()
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(node_from_row).collect()
+    }
+
+    /// Records `mac` as discovered unless known; returns the node and whether it is new.
+    pub async fn discover(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+        reason: &str,
+    ) -> Result<(NodeRecord, bool), StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let inserted = sqlx::query(
+            "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
+             VALUES (?, ?, '{}', ?, ?, 1, ?, ?) ON CONFLICT (mac) DO NOTHING",
+        )
+        .bind(mac.to_string())
+        .bind(uuid)
+        .bind(NodeState::Discovered.as_str())
+        .bind(reason)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if inserted {
+            sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, NULL, ?, ?, ?)")
+                .bind(mac.to_string())
+                .bind(NodeState::Discovered.as_str())
+                .bind(reason)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        } else if let Some(uuid) = uuid {
+            // Firmware may send the UUID only on some boots; keep the latest we saw.
+            sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND (uuid IS NULL OR uuid != ?)")
+                .bind(uuid)
+                .bind(mac.to_string())
+                .bind(uuid)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        let node = self
+            .node(mac)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
+        Ok((node, inserted))
+    }
+
+    /// Sets what `mac` boots; the node is recorded first if it was unknown.
+    pub async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
+        self.discover(mac, None, "registered by an admin").await?;
+        sqlx::query("UPDATE nodes SET assigned_ref = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
+            .bind(reference)
+            .bind(now_ms())
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?;
+        self.node(mac)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
+    }
+
+    /// Sets and removes labels in one write; None if the node is unknown.
+    pub async fn label(
+        &self,
+        mac: &Mac,
+        set: &BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<Option<NodeRecord>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let row: Option<(String,)> = sqlx::query_as("SELECT labels FROM nodes WHERE mac = ?")
+            .bind(mac.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some((labels,)) = row else {
+            return Ok(None);
+        };
+        let mut labels: BTreeMap<String, String> = serde_json::from_str(&labels)
+            .map_err(|e| StoreError::Corrupt(format!("labels: {e}")))?;
+        labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for k in remove {
+            labels.remove(k);
+        }
+        sqlx::query(
+            "UPDATE nodes SET labels = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?",
+        )
+        .bind(serde_json::to_string(&labels).expect("string map serialises"))
+        .bind(now_ms())
+        .bind(mac.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.node(mac).await
+    }
+
+    /// Moves `mac` to `to` if it is still at `version`, with a history row.
+    pub async fn set_state(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        to: NodeState,
+        reason: &str,
+    ) -> Result<CasOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let changed = sqlx::query(
+            "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
+             WHERE mac = ? AND version = ?",
+        )
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(now)
+        .bind(mac.to_string())
+        .bind(version)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Ok(CasOutcome::Stale);
+        }
+        sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, ?, ?, ?, ?)")
+            .bind(mac.to_string())
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let node = self
+            .node(mac)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
+        Ok(CasOutcome::Done(node))
+    }
+
+    pub async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
+        let rows: Vec<(Option<String>, String, String, i64)> =
+            sqlx::query_as("SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = ? ORDER BY id")
+                .bind(mac.to_string())
+                .fetch_all(&self.pool)
+                .await?;
+        let state = |s: &str| {
+            NodeState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?}")))
+        };
+        rows.into_iter()
+            .map(|(from, to, reason, at)| {
+                Ok(StateChange {
+                    from: from.as_deref().map(state).transpose()?,
+                    to: state(&to)?,
+                    reason,
+                    at: format_ms(at),
+                })
+            })
+            .collect()
+    }
+
+    /// Records a boot; the token is stored only as its sha256.
+    pub async fn open_boot(
+        &self,
+        id: &str,
+        mac: &Mac,
+        image: &Digest,
+        token_sha256: &Digest,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES (?, ?, ?, ?, ?)")
+            .bind(id)
+            .bind(mac.to_string())
+            .bind(image.to_string())
+            .bind(token_sha256.to_string())
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The node's boots, newest first.
+    pub async fn boots(&self, mac: &Mac, limit: i64) -> Result<Vec<BootRecord>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT id, image_digest, created_at_ms FROM boots WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT ?",
+        )
+        .bind(mac.to_string())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(id, image, at)| {
+                Ok(BootRecord {
+                    id,
+                    image: parse_digest(&image)?,
+                    at: format_ms(at),
+                })
+            })
+            .collect()
+    }
+}
