@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod image;
+mod node;
 mod output;
 mod serve;
 
@@ -48,6 +49,9 @@ pub enum Command {
     /// Publish, inspect, tag, verify and garbage-collect images.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// List, show, assign and label nodes.
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Load generators for the benchmarks (BENCHMARKS.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -59,6 +63,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Image(cmd) => {
             let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
             image::run(cmd, &client, cli.output).await
+        }
+        Command::Node(cmd) => {
+            let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
+            node::run(cmd, &client, cli.output).await
         }
         Command::Bench(cmd) => bench::run(cmd, cli.output).await,
     }

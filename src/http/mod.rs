@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use images::ImageDetail;
+pub use nodes::NodeDetail;
 
 use crate::auth::AdminToken;
 use crate::registry::Registry;

@@ -193,6 +193,36 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
         "{stderr}"
     );
 
+    // Nodes: register by assignment, label, boot (as iPXE would fetch), inspect.
+    let mac = "52-54-00-aa-bb-01";
+    let assigned = cli_json(&server, &data, &["node", "assign", mac, "demo:stable"]);
+    assert_eq!(assigned["assigned"], "demo:stable");
+    cli_json(
+        &server,
+        &data,
+        &["node", "label", mac, "rack=r1", "sku=hgx"],
+    );
+    let labelled = cli_json(&server, &data, &["node", "label", mac, "sku-"]);
+    assert_eq!(labelled["labels"], serde_json::json!({ "rack": "r1" }));
+    let script = Command::new("curl")
+        .args(["-sf", &format!("{}/boot/node.ipxe?mac={mac}", server.url)])
+        .output()
+        .expect("curl is installed (scripts/test installs it)");
+    let script = String::from_utf8_lossy(&script.stdout);
+    assert!(script.contains("bootfleet.token="), "{script}");
+    let shown = cli_json(&server, &data, &["node", "show", mac]);
+    assert_eq!(shown["state"], "provisioning");
+    assert_eq!(shown["boots"][0]["image"], v1["digest"]);
+    let history = cli_json(&server, &data, &["node", "history", mac]);
+    assert_eq!(history.as_array().unwrap().len(), 2);
+    let (ok, text, _) = cli(&server, &data, &["node", "list"]);
+    assert!(
+        ok && text.contains("52:54:00:aa:bb:01") && text.contains("provisioning"),
+        "{text}"
+    );
+    let (ok, _, stderr) = cli(&server, &data, &["node", "label", mac, "nonsense"]);
+    assert!(!ok && stderr.contains("key=value"), "{stderr}");
+
     let verify = cli_json(&server, &data, &["image", "verify"]);
     assert_eq!(verify["quarantined"], serde_json::json!([]));
     let gc = cli_json(&server, &data, &["image", "gc"]);

@@ -1,0 +1,147 @@
+//! `bootfleet node ...`: list, show, assign, label and history of nodes.
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+use clap::Subcommand;
+use reqwest::Method;
+
+use super::client::Client;
+use super::output::{OutputFormat, emit};
+use crate::http::NodeDetail;
+use crate::image::refs::ImageRef;
+use crate::node::mac::Mac;
+use crate::store::nodes::NodeRecord;
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// List nodes with their state and assigned image.
+    List,
+    /// Show one node (NODE is its MAC): state, labels, last boots, state history.
+    Show { node: String },
+    /// Assign REF (sha256:<hex>, NAME:VERSION or NAME:TAG) to a node; a tag is followed at
+    /// each boot. An unknown MAC is registered.
+    Assign { node: String, reference: String },
+    /// Set labels (key=value) and remove them (key-), for grouping by rack, SKU...
+    Label {
+        node: String,
+        #[arg(required = true)]
+        labels: Vec<String>,
+    },
+    /// The node's state changes, oldest first, with reasons.
+    History { node: String },
+}
+
+fn mac(s: &str) -> anyhow::Result<Mac> {
+    Ok(s.parse()?)
+}
+
+pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow::Result<()> {
+    match cmd {
+        NodeCommand::List => {
+            let nodes: Vec<NodeRecord> = client
+                .send(client.request(Method::GET, "/api/v1/nodes"))
+                .await?;
+            emit(out, &nodes, |nodes| {
+                println!("{:<18} {:<20} {:<28} LABELS", "NODE", "STATE", "ASSIGNED");
+                for n in nodes {
+                    let labels: Vec<String> =
+                        n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    println!(
+                        "{:<18} {:<20} {:<28} {}",
+                        n.mac,
+                        n.state,
+                        n.assigned.as_deref().unwrap_or("-"),
+                        labels.join(",")
+                    );
+                }
+            })
+        }
+        NodeCommand::Show { node } => {
+            let d: NodeDetail = client
+                .send(client.request(Method::GET, &format!("/api/v1/nodes/{}", mac(&node)?)))
+                .await?;
+            emit(out, &d, |d| {
+                let n = &d.node;
+                println!("node:     {}", n.mac);
+                println!("uuid:     {}", n.uuid.as_deref().unwrap_or("-"));
+                println!("state:    {} ({})", n.state, n.state_reason);
+                println!("assigned: {}", n.assigned.as_deref().unwrap_or("-"));
+                let labels: Vec<String> =
+                    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("labels:   {}", labels.join(", "));
+                println!("boots (newest first):");
+                for b in &d.boots {
+                    println!("  {}  {}  {}", b.at, b.id, b.image);
+                }
+                println!("history:");
+                for h in &d.history {
+                    let from = h
+                        .from
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "(new)".into());
+                    println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
+                }
+            })
+        }
+        NodeCommand::Assign { node, reference } => {
+            let r = ImageRef::parse(&reference)?;
+            let n: NodeRecord = client
+                .send(
+                    client
+                        .request(Method::PUT, &format!("/api/v1/nodes/{}/image", mac(&node)?))
+                        .json(&serde_json::json!({ "image": r.to_string() })),
+                )
+                .await?;
+            emit(out, &n, |n| {
+                println!(
+                    "{} boots {} from its next boot",
+                    n.mac,
+                    n.assigned.as_deref().unwrap_or("-")
+                )
+            })
+        }
+        NodeCommand::Label { node, labels } => {
+            let mut set = BTreeMap::new();
+            let mut remove = Vec::new();
+            for l in &labels {
+                match (l.split_once('='), l.strip_suffix('-')) {
+                    (Some((k, v)), _) => {
+                        set.insert(k.to_string(), v.to_string());
+                    }
+                    (None, Some(k)) => remove.push(k.to_string()),
+                    _ => bail!("label {l:?}: use key=value to set, key- to remove"),
+                }
+            }
+            let n: NodeRecord = client
+                .send(
+                    client
+                        .request(
+                            Method::PATCH,
+                            &format!("/api/v1/nodes/{}/labels", mac(&node)?),
+                        )
+                        .json(&serde_json::json!({ "set": set, "remove": remove })),
+                )
+                .await?;
+            emit(out, &n, |n| {
+                let labels: Vec<String> =
+                    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("{}: {}", n.mac, labels.join(", "));
+            })
+        }
+        NodeCommand::History { node } => {
+            let d: NodeDetail = client
+                .send(client.request(Method::GET, &format!("/api/v1/nodes/{}", mac(&node)?)))
+                .await?;
+            emit(out, &d.history, |history| {
+                for h in history {
+                    let from = h
+                        .from
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "(new)".into());
+                    println!("{}  {} -> {}  {}", h.at, from, h.to, h.reason);
+                }
+            })
+        }
+    }
+}
