@@ -171,3 +171,24 @@ async fn bad_boot_requests_and_labels_are_refused_with_reasons() {
     assert_eq!(list[0]["mac"], MAC_COLONS);
     server.stop().await;
 }
+
+/// Two writers read the node at the same version: one change lands, the other is told.
+#[tokio::test]
+async fn concurrent_state_changes_one_wins_one_is_told() {
+    use bootfleet::node::state::NodeState;
+    use bootfleet::store::nodes::CasOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = bootfleet::store::Store::open(&dir.path().join("db")).await.unwrap();
+    let mac = MAC.parse().unwrap();
+    let (node, _) = store.discover(&mac, None, "test").await.unwrap();
+    let a = store.set_state(&mac, node.version, node.state, NodeState::Provisioning, "writer a");
+    let b = store.set_state(&mac, node.version, node.state, NodeState::Reimaging, "writer b");
+    let (a, b) = tokio::join!(a, b);
+    let outcomes = [a.unwrap(), b.unwrap()];
+    let done = outcomes.iter().filter(|o| matches!(o, CasOutcome::Done(_))).count();
+    let stale = outcomes.iter().filter(|o| matches!(o, CasOutcome::Stale)).count();
+    assert_eq!((done, stale), (1, 1), "{outcomes:?}");
+    let history = store.node_history(&mac).await.unwrap();
+    assert_eq!(history.len(), 2, "one history row for the one change that landed");
+    store.close().await;
+}
