@@ -15,6 +15,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("the bearer token is not valid for this server")]
     Forbidden,
+    /// Authenticated, but not allowed: a 403 with its reason.
+    #[error("{0}")]
+    Refused(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -46,7 +49,7 @@ impl IntoResponse for ApiError {
         let status = match &self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Forbidden | ApiError::Refused(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,

@@ -57,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .route("/blobs/sha256/{hex}", get(blobs::get_blob))
         .route("/boot.ipxe", get(nodes::entry))
         .route("/boot/node.ipxe", get(nodes::node_script))
+        .route("/api/v1/agent/attest", post(nodes::attest))
         .nest("/api/v1", admin)
         .with_state(state)
 }

@@ -180,3 +180,26 @@ pub async fn label(
     node.map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))
 }
+
+/// `POST /api/v1/agent/attest`: authenticated by the boot token, not the admin token.
+pub async fn attest(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<crate::node::attest::Verdict>, ApiError> {
+    use crate::boot::attest::{AttestError, AttestRequest, Refusal};
+    // The token first: an unauthenticated caller learns nothing, not even parse errors.
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(ApiError::Unauthorized)?;
+    let req: AttestRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("attestation report: {e}")))?;
+    match state.boot.attest(token.trim(), &req).await {
+        Ok(verdict) => Ok(Json(verdict)),
+        Err(AttestError::Refused(r @ Refusal::Replayed)) => Err(ApiError::Conflict(r.to_string())),
+        Err(AttestError::Refused(r)) => Err(ApiError::Refused(r.to_string())),
+        Err(AttestError::Boot(e)) => Err(internal(e)),
+    }
+}

@@ -303,3 +303,55 @@ impl Store {
             .collect()
     }
 }
+
+/// A boot as attestation needs it.
+#[derive(Debug, Clone)]
+pub struct BootForAttest {
+    pub mac: Mac,
+    pub image: Digest,
+    pub token_sha256: Digest,
+    pub created_at_ms: i64,
+    /// The node's newest boot: a token from an older one has expired.
+    pub latest: bool,
+}
+
+impl Store {
+    pub async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
+        let row: Option<(String, String, String, i64, String)> = sqlx::query_as(
+            "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
+                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1)
+             FROM boots b WHERE b.id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(mac, image, token, at, latest)| {
+            Ok(BootForAttest {
+                mac: mac
+                    .parse()
+                    .map_err(|e: crate::node::mac::MacError| StoreError::Corrupt(e.to_string()))?,
+                image: parse_digest(&image)?,
+                token_sha256: parse_digest(&token)?,
+                created_at_ms: at,
+                latest: latest == id,
+            })
+        })
+        .transpose()
+    }
+
+    /// Stores the verdict of boot `id`; false if it was attested before (a replay).
+    pub async fn record_attestation(
+        &self,
+        id: &str,
+        verdict_json: &str,
+    ) -> Result<bool, StoreError> {
+        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ? WHERE id = ? AND attested_at_ms IS NULL")
+            .bind(now_ms())
+            .bind(verdict_json)
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(changed == 1)
+    }
+}

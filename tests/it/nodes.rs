@@ -178,17 +178,160 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
     use bootfleet::node::state::NodeState;
     use bootfleet::store::nodes::CasOutcome;
     let dir = tempfile::tempdir().unwrap();
-    let store = bootfleet::store::Store::open(&dir.path().join("db")).await.unwrap();
+    let store = bootfleet::store::Store::open(&dir.path().join("db"))
+        .await
+        .unwrap();
     let mac = MAC.parse().unwrap();
     let (node, _) = store.discover(&mac, None, "test").await.unwrap();
-    let a = store.set_state(&mac, node.version, node.state, NodeState::Provisioning, "writer a");
-    let b = store.set_state(&mac, node.version, node.state, NodeState::Reimaging, "writer b");
+    let a = store.set_state(
+        &mac,
+        node.version,
+        node.state,
+        NodeState::Provisioning,
+        "writer a",
+    );
+    let b = store.set_state(
+        &mac,
+        node.version,
+        node.state,
+        NodeState::Reimaging,
+        "writer b",
+    );
     let (a, b) = tokio::join!(a, b);
     let outcomes = [a.unwrap(), b.unwrap()];
-    let done = outcomes.iter().filter(|o| matches!(o, CasOutcome::Done(_))).count();
-    let stale = outcomes.iter().filter(|o| matches!(o, CasOutcome::Stale)).count();
+    let done = outcomes
+        .iter()
+        .filter(|o| matches!(o, CasOutcome::Done(_)))
+        .count();
+    let stale = outcomes
+        .iter()
+        .filter(|o| matches!(o, CasOutcome::Stale))
+        .count();
     assert_eq!((done, stale), (1, 1), "{outcomes:?}");
     let history = store.node_history(&mac).await.unwrap();
-    assert_eq!(history.len(), 2, "one history row for the one change that landed");
+    assert_eq!(
+        history.len(),
+        2,
+        "one history row for the one change that landed"
+    );
     store.close().await;
+}
+
+/// The agent's attestation: bound to its boot, used once, judged against the manifest.
+#[tokio::test]
+async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
+    let server = TestServer::start().await;
+    let kernel = noise(20_000, 111);
+    let (_, image) = server
+        .publish_query(good_bundle("demo", "1", &kernel), "?tag=demo:stable")
+        .await;
+    server
+        .put(&format!("/api/v1/nodes/{MAC}/image"))
+        .json(&serde_json::json!({ "image": "demo:stable" }))
+        .send()
+        .await
+        .unwrap();
+    let node_path = format!("/boot/node.ipxe?mac={MAC}");
+    let (_, boot) = script(&server, &node_path).await;
+    let boot_id = field(&boot, "bootfleet.boot=").to_string();
+    let token = field(&boot, "bootfleet.token=").to_string();
+    let cmdline = boot
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap()
+        .split_once(' ')
+        .unwrap()
+        .1
+        .split_once(' ')
+        .unwrap()
+        .1;
+    let cmdline = cmdline
+        .trim_end_matches(" && goto kernel_done ||")
+        .to_string();
+    let report = |kernel_release: &str, driver: &str| {
+        serde_json::json!({
+            "image_digest": image["digest"],
+            "kernel_release": kernel_release,
+            "cmdline": cmdline,
+            "versions": { "nvidia-driver": driver },
+            "artifacts": [format!("sha256:{}", Digest::of(&kernel).hex()), format!("sha256:{}", Digest::of(b"initrd bytes").hex())],
+        })
+    };
+    let attest = |token: &str, mac: &str, boot_id: &str, report: serde_json::Value| {
+        server
+            .http
+            .post(server.url("/api/v1/agent/attest"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "boot_id": boot_id, "mac": mac, "report": report }))
+            .send()
+    };
+    let good = report("6.1.0-28-cloud-amd64", "550.127.05");
+
+    // Forged token, another node's claim: refused, nothing recorded.
+    let r = attest(&"0".repeat(64), MAC, &boot_id, good.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = attest(&token, "52:54:00:00:00:99", &boot_id, good.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("belongs to 52:54:00:00:00:01")
+    );
+    let r = server
+        .http
+        .post(server.url("/api/v1/agent/attest"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    let r = attest(&token, MAC, &boot_id, good.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let verdict: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(verdict["passed"], true, "{verdict}");
+    let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
+    assert_eq!(node["state"], "booted");
+
+    // Replayed: refused.
+    let r = attest(&token, MAC, &boot_id, good.clone()).await.unwrap();
+    assert_eq!(r.status(), 409);
+
+    // A new boot: the old token has expired; a drifted report fails with named reasons.
+    let (_, boot2) = script(&server, &node_path).await;
+    let boot2_id = field(&boot2, "bootfleet.boot=").to_string();
+    let token2 = field(&boot2, "bootfleet.token=").to_string();
+    let r = attest(&token, MAC, &boot_id, good.clone()).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let mut bad = report("6.1.0-27-cloud-amd64", "535.104.05");
+    bad["cmdline"] = serde_json::json!(cmdline.replace(&boot_id, &boot2_id));
+    let verdict: serde_json::Value = attest(&token2, MAC, &boot2_id, bad)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(verdict["passed"], false);
+    let fields: Vec<&str> = verdict["mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["pins.kernel", "pins.nvidia-driver"], "{verdict}");
+    let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
+    assert_eq!(node["state"], "attestation-failed");
+    assert!(
+        node["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("expected 550.127.05, found 535.104.05"),
+        "{node}"
+    );
+    server.stop().await;
 }

@@ -1,0 +1,191 @@
+//! Attestation judgement, pure: does what the node reports running match what its boot
+//! was given? Every mismatch is named; the agent reports raw facts, the server judges.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+
+/// What the agent reports about the system it booted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttestReport {
+    /// The image digest the node believes it booted (from its command line or initrd).
+    pub image_digest: Digest,
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// `/proc/cmdline`.
+    pub cmdline: String,
+    /// Versions the node runs, by the manifest's pin names (`nvidia-driver`, `ofed`...).
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
+    /// Digests of the artifacts the node verified after download.
+    #[serde(default)]
+    pub artifacts: Vec<Digest>,
+}
+
+/// What the boot was given.
+#[derive(Debug, Clone)]
+pub struct Expected<'a> {
+    pub image_digest: Digest,
+    pub boot_id: &'a str,
+    /// The image's command line (the node's must contain every word of it).
+    pub cmdline: &'a str,
+    /// The manifest's pins; `kernel` is compared with the kernel release.
+    pub pins: &'a BTreeMap<String, String>,
+    pub artifacts: &'a [Digest],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    pub field: String,
+    pub expected: String,
+    pub found: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub passed: bool,
+    pub mismatches: Vec<Mismatch>,
+}
+
+pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
+    let mut mismatches = Vec::new();
+    let mut check = |field: &str, expected: String, found: String| {
+        if expected != found {
+            mismatches.push(Mismatch {
+                field: field.into(),
+                expected,
+                found,
+            });
+        }
+    };
+    check(
+        "image",
+        expected.image_digest.to_string(),
+        report.image_digest.to_string(),
+    );
+    let words: BTreeSet<&str> = report.cmdline.split_whitespace().collect();
+    for word in expected.cmdline.split_whitespace() {
+        if !words.contains(word) {
+            check("cmdline", word.to_string(), "(absent)".into());
+        }
+    }
+    let boot_word = format!("bootfleet.boot={}", expected.boot_id);
+    if !words.contains(boot_word.as_str()) {
+        check("cmdline", boot_word, "(absent)".into());
+    }
+    for (name, version) in expected.pins {
+        let found = if name == "kernel" {
+            Some(report.kernel_release.clone())
+        } else {
+            report.versions.get(name).cloned()
+        };
+        check(
+            &format!("pins.{name}"),
+            version.clone(),
+            found.unwrap_or_else(|| "(not reported)".into()),
+        );
+    }
+    let want: BTreeSet<&Digest> = expected.artifacts.iter().collect();
+    let got: BTreeSet<&Digest> = report.artifacts.iter().collect();
+    for d in want.difference(&got) {
+        check(
+            "artifacts",
+            d.to_string(),
+            "(not verified by the node)".into(),
+        );
+    }
+    for d in got.difference(&want) {
+        check("artifacts", "(not in the image)".into(), d.to_string());
+    }
+    Verdict {
+        passed: mismatches.is_empty(),
+        mismatches,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pins() -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("kernel".to_string(), "6.1.0-28-cloud-amd64".to_string()),
+            ("nvidia-driver".to_string(), "550.127.05".to_string()),
+        ])
+    }
+
+    fn report() -> AttestReport {
+        AttestReport {
+            image_digest: Digest::of(b"image"),
+            kernel_release: "6.1.0-28-cloud-amd64".into(),
+            cmdline: "initrd=initrd.img console=ttyS0 quiet bootfleet.boot=b1 bootfleet.token=x"
+                .into(),
+            versions: BTreeMap::from([("nvidia-driver".to_string(), "550.127.05".to_string())]),
+            artifacts: vec![Digest::of(b"k"), Digest::of(b"i")],
+        }
+    }
+
+    fn verdict(r: &AttestReport) -> Verdict {
+        let pins = pins();
+        let artifacts = [Digest::of(b"k"), Digest::of(b"i")];
+        judge(
+            r,
+            &Expected {
+                image_digest: Digest::of(b"image"),
+                boot_id: "b1",
+                cmdline: "console=ttyS0 quiet",
+                pins: &pins,
+                artifacts: &artifacts,
+            },
+        )
+    }
+
+    fn fields(v: &Verdict) -> Vec<&str> {
+        v.mismatches.iter().map(|m| m.field.as_str()).collect()
+    }
+
+    #[test]
+    fn a_faithful_report_passes() {
+        let v = verdict(&report());
+        assert!(v.passed, "{v:?}");
+    }
+
+    #[test]
+    fn every_difference_is_named() {
+        let check = |change: fn(&mut AttestReport), expected: &[&str]| {
+            let mut r = report();
+            change(&mut r);
+            let v = verdict(&r);
+            assert!(!v.passed);
+            assert_eq!(fields(&v), expected, "{v:?}");
+        };
+        check(|r| r.image_digest = Digest::of(b"other"), &["image"]);
+        check(
+            |r| r.kernel_release = "6.1.0-27-cloud-amd64".into(),
+            &["pins.kernel"],
+        );
+        check(
+            |r| r.cmdline = r.cmdline.replace(" quiet", ""),
+            &["cmdline"],
+        );
+        check(
+            |r| r.cmdline = r.cmdline.replace("bootfleet.boot=b1", "bootfleet.boot=b0"),
+            &["cmdline"],
+        );
+        check(|r| r.versions.clear(), &["pins.nvidia-driver"]);
+        check(
+            |r| {
+                r.versions.insert("nvidia-driver".into(), "535.1".into());
+            },
+            &["pins.nvidia-driver"],
+        );
+        check(
+            |r| r.artifacts.pop().map(|_| ()).unwrap_or(()),
+            &["artifacts"],
+        );
+        check(|r| r.artifacts.push(Digest::of(b"extra")), &["artifacts"]);
+    }
+}
