@@ -90,6 +90,26 @@ fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
     })
 }
 
+/// The history row of a state change; always in the transaction of the change itself.
+async fn insert_history(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    from: Option<NodeState>,
+    to: NodeState,
+    reason: &str,
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, ?, ?, ?, ?)")
+        .bind(mac.to_string())
+        .bind(from.map(NodeState::as_str))
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(at_ms)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 impl Store {
     pub async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
@@ -130,13 +150,7 @@ impl Store {
         .rows_affected()
             == 1;
         if inserted {
-            sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, NULL, ?, ?, ?)")
-                .bind(mac.to_string())
-                .bind(NodeState::Discovered.as_str())
-                .bind(reason)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
         } else if let Some(uuid) = uuid {
             // Firmware may send the UUID only on some boots; keep the latest we saw.
             sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND (uuid IS NULL OR uuid != ?)")
@@ -227,14 +241,7 @@ impl Store {
         if changed == 0 {
             return Ok(CasOutcome::Stale);
         }
-        sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, ?, ?, ?, ?)")
-            .bind(mac.to_string())
-            .bind(from.as_str())
-            .bind(to.as_str())
-            .bind(reason)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;
         let node = self
             .node(mac)
