@@ -34,6 +34,9 @@ pub struct FileConfig {
     pub tftp: TftpFileConfig,
     /// Boot-script templates overriding the built-in ones, file by file.
     pub templates_dir: Option<PathBuf>,
+    /// `[reimage]`: the disruption budget.
+    #[serde(default)]
+    pub reimage: crate::store::nodes::DisruptionBudget,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
@@ -76,6 +79,7 @@ pub struct ServerConfig {
     pub ipxe_dir: PathBuf,
     pub tftp: crate::tftp::server::TftpSettings,
     pub templates_dir: Option<PathBuf>,
+    pub budget: crate::store::nodes::DisruptionBudget,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +135,7 @@ impl ServerConfig {
                 .or(file.tftp.ipxe_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR)),
             templates_dir: over.templates_dir.or(file.templates_dir),
+            budget: file.reimage,
             tftp: {
                 let mut t = crate::tftp::server::TftpSettings::default();
                 if let Some(n) = file.tftp.max_transfers {

@@ -47,6 +47,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         tasks: TaskTracker::new(),
         boot: std::sync::Arc::new(boot),
         fallback_url: format!("http://{}", cfg.listen),
+        budget: cfg.budget.clone(),
     })
 }
 

@@ -24,6 +24,26 @@ pub struct AttestRequest {
     pub report: AttestReport,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub boot_id: String,
+    pub mac: Mac,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NextAction {
+    None,
+    /// Reboot now: a reimage was requested (on a stateless node, a reboot is a reimage).
+    Reboot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
+    pub action: NextAction,
+}
+
 /// Why an attestation was refused before any judgement. Each is logged as a security event.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refusal {
@@ -64,10 +84,17 @@ impl BootService {
         result
     }
 
-    async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
-        let store = &self.registry.store;
-        let boot = store
-            .boot_for_attest(&req.boot_id)
+    /// The checks every agent call makes: this boot's token, this boot's node, its newest boot.
+    async fn authenticate(
+        &self,
+        token: &str,
+        boot_id: &str,
+        mac: &Mac,
+    ) -> Result<crate::store::nodes::BootForAttest, AttestError> {
+        let boot = self
+            .registry
+            .store
+            .boot_for_attest(boot_id)
             .await?
             .ok_or(Refusal::BadToken)?;
         let presented = Digest::from_hasher(Sha256::new_with_prefix(token.as_bytes()));
@@ -79,15 +106,49 @@ impl BootService {
         if !same {
             return Err(Refusal::BadToken.into());
         }
-        if req.mac != boot.mac {
+        if *mac != boot.mac {
             return Err(Refusal::OtherNode {
-                claimed: req.mac,
+                claimed: *mac,
                 actual: boot.mac,
-                boot_id: req.boot_id.clone(),
+                boot_id: boot_id.to_string(),
             }
             .into());
         }
-        if !boot.latest || crate::store::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
+        if !boot.latest {
+            return Err(Refusal::Expired.into());
+        }
+        Ok(boot)
+    }
+
+    /// A heartbeat: the answer is what the node must do next.
+    pub async fn heartbeat(
+        &self,
+        token: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatAnswer, AttestError> {
+        let result = async {
+            self.authenticate(token, &req.boot_id, &req.mac).await?;
+            let store = &self.registry.store;
+            store.record_heartbeat(&req.mac).await?;
+            let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
+            let action = if node.state == crate::node::state::NodeState::Reimaging {
+                NextAction::Reboot
+            } else {
+                NextAction::None
+            };
+            Ok(HeartbeatAnswer { action })
+        }
+        .await;
+        if let Err(AttestError::Refused(refusal)) = &result {
+            tracing::warn!(security = true, boot = %req.boot_id, mac = %req.mac, %refusal, "heartbeat refused");
+        }
+        result
+    }
+
+    async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
+        let store = &self.registry.store;
+        let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
+        if crate::store::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());
         }
         let record = store.image(&boot.image).await?;

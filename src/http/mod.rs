@@ -30,6 +30,7 @@ pub struct AppState {
     pub boot: std::sync::Arc<crate::boot::service::BootService>,
     /// Our URL for boot scripts when a request carries no Host header.
     pub fallback_url: String,
+    pub budget: crate::store::nodes::DisruptionBudget,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -45,6 +46,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{mac}", get(nodes::show))
         .route("/nodes/{mac}/image", put(nodes::assign))
         .route("/nodes/{mac}/labels", patch(nodes::label))
+        .route("/nodes/{mac}/reimage", post(nodes::reimage))
         // Bundle size is bounded per entry by `[limits]`, not by a body cap.
         .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn_with_state(
@@ -58,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .route("/boot.ipxe", get(nodes::entry))
         .route("/boot/node.ipxe", get(nodes::node_script))
         .route("/api/v1/agent/attest", post(nodes::attest))
+        .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
         .nest("/api/v1", admin)
         .with_state(state)
 }

@@ -187,19 +187,139 @@ pub async fn attest(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<crate::node::attest::Verdict>, ApiError> {
-    use crate::boot::attest::{AttestError, AttestRequest, Refusal};
+    use crate::boot::attest::AttestRequest;
     // The token first: an unauthenticated caller learns nothing, not even parse errors.
-    let token = headers
+    let token = boot_token(&headers)?;
+    let req: AttestRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("attestation report: {e}")))?;
+    state
+        .boot
+        .attest(token, &req)
+        .await
+        .map(Json)
+        .map_err(agent_error)
+}
+
+fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or(ApiError::Unauthorized)?;
-    let req: AttestRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("attestation report: {e}")))?;
-    match state.boot.attest(token.trim(), &req).await {
-        Ok(verdict) => Ok(Json(verdict)),
-        Err(AttestError::Refused(r @ Refusal::Replayed)) => Err(ApiError::Conflict(r.to_string())),
-        Err(AttestError::Refused(r)) => Err(ApiError::Refused(r.to_string())),
-        Err(AttestError::Boot(e)) => Err(internal(e)),
+        .map(str::trim)
+        .ok_or(ApiError::Unauthorized)
+}
+
+fn agent_error(e: crate::boot::attest::AttestError) -> ApiError {
+    use crate::boot::attest::{AttestError, Refusal};
+    match e {
+        AttestError::Refused(r @ Refusal::Replayed) => ApiError::Conflict(r.to_string()),
+        AttestError::Refused(r) => ApiError::Refused(r.to_string()),
+        AttestError::Boot(e) => internal(e),
     }
+}
+
+/// `POST /api/v1/agent/heartbeat`: the answer carries the node's next action.
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<crate::boot::attest::HeartbeatAnswer>, ApiError> {
+    let token = boot_token(&headers)?;
+    let req: crate::boot::attest::HeartbeatRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("heartbeat: {e}")))?;
+    state
+        .boot
+        .heartbeat(token, &req)
+        .await
+        .map(Json)
+        .map_err(agent_error)
+}
+
+#[derive(Deserialize)]
+pub struct ReimageRequest {
+    reason: String,
+    image: Option<String>,
+}
+
+/// `POST /api/v1/nodes/{mac}/reimage`. Over the disruption budget the answer is 429 with
+/// `Retry-After` (refused, not queued: the caller, often a fleet controller, retries and
+/// stays in charge). The same `Idempotency-Key` gets the first answer again.
+pub async fn reimage(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<ReimageRequest>,
+) -> Result<Response, ApiError> {
+    use crate::store::nodes::ReimageOutcome;
+    let mac = parse_mac(&mac)?;
+    if req.reason.trim().is_empty() || req.reason.len() > 1024 {
+        return Err(ApiError::BadRequest(
+            "a reimage needs a reason (1-1024 characters)".into(),
+        ));
+    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let store = &state.registry.store;
+    let accepted = |body: String| {
+        (
+            axum::http::StatusCode::ACCEPTED,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    };
+    if let Some(key) = &key
+        && let Some((for_mac, body)) = store.idempotent_response(key).await.map_err(store_err)?
+    {
+        if for_mac != mac.to_string() {
+            return Err(ApiError::Conflict(format!(
+                "Idempotency-Key {key:?} was used for node {for_mac}"
+            )));
+        }
+        return Ok(accepted(body));
+    }
+    let image = match &req.image {
+        Some(r) => {
+            let r = ImageRef::parse(r).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            state.registry.resolve(&r).await?;
+            Some(r)
+        }
+        None => None,
+    };
+    let reason = format!("reimage requested: {}", req.reason.trim());
+    let (node, outcome) = match store
+        .request_reimage(&mac, &reason, &state.budget)
+        .await
+        .map_err(store_err)?
+    {
+        ReimageOutcome::Accepted(n) => (n, "accepted"),
+        ReimageOutcome::AlreadyReimaging(n) => (n, "already-reimaging"),
+        ReimageOutcome::OverBudget(why) => {
+            return Ok((
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, "60")],
+                Json(serde_json::json!({ "error": format!("over the disruption budget: {why}") })),
+            )
+                .into_response());
+        }
+        ReimageOutcome::NotAllowed(e) => return Err(ApiError::Conflict(e.to_string())),
+        ReimageOutcome::UnknownNode => return Err(ApiError::NotFound(format!("no node {mac}"))),
+    };
+    let node = match image {
+        Some(r) => store
+            .assign(&mac, &r.to_string())
+            .await
+            .map_err(store_err)?,
+        None => node,
+    };
+    let body = serde_json::json!({ "outcome": outcome, "node": node }).to_string();
+    if let Some(key) = &key {
+        store
+            .save_idempotent_response(key, &mac, &body)
+            .await
+            .map_err(store_err)?;
+    }
+    Ok(accepted(body))
 }

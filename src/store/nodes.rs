@@ -362,3 +362,141 @@ impl Store {
         Ok(changed == 1)
     }
 }
+
+/// How many nodes may be reimaging at once: overall, and per value of one label.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisruptionBudget {
+    pub max_total: i64,
+    /// The label that groups nodes (for example "rack"), and how many of one group at once.
+    pub group_label: Option<String>,
+    pub max_per_group: i64,
+}
+
+impl Default for DisruptionBudget {
+    fn default() -> Self {
+        Self {
+            max_total: 10,
+            group_label: Some("rack".into()),
+            max_per_group: 2,
+        }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum ReimageOutcome {
+    Accepted(NodeRecord),
+    /// Already reimaging: nothing changed (requests are idempotent by node too).
+    AlreadyReimaging(NodeRecord),
+    OverBudget(String),
+    NotAllowed(crate::node::state::TransitionError),
+    UnknownNode,
+}
+
+impl Store {
+    /// Checks the budget and moves the node to reimaging in one write transaction, so two
+    /// concurrent requests cannot both take the last slot.
+    pub async fn request_reimage(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        budget: &DisruptionBudget,
+    ) -> Result<ReimageOutcome, StoreError> {
+        use crate::node::state::{NodeEvent, transition};
+        let mut tx = self.write_tx().await?;
+        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+            .bind(mac.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(node) = row.map(node_from_row).transpose()? else {
+            return Ok(ReimageOutcome::UnknownNode);
+        };
+        if node.state == NodeState::Reimaging {
+            return Ok(ReimageOutcome::AlreadyReimaging(node));
+        }
+        let to = match transition(node.state, NodeEvent::ReimageRequested) {
+            Ok(to) => to,
+            Err(e) => return Ok(ReimageOutcome::NotAllowed(e)),
+        };
+        let (total,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM nodes WHERE state = 'reimaging'")
+                .fetch_one(&mut *tx)
+                .await?;
+        if total >= budget.max_total {
+            return Ok(ReimageOutcome::OverBudget(format!(
+                "{total} nodes are reimaging, the most allowed at once is {}",
+                budget.max_total
+            )));
+        }
+        if let Some(key) = &budget.group_label
+            && let Some(group) = node.labels.get(key)
+        {
+            let (in_group,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM nodes WHERE state = 'reimaging' AND json_extract(labels, '$.' || ?) = ?",
+            )
+            .bind(format!("\"{}\"", key.replace('"', "")))
+            .bind(group)
+            .fetch_one(&mut *tx)
+            .await?;
+            if in_group >= budget.max_per_group {
+                return Ok(ReimageOutcome::OverBudget(format!(
+                    "{in_group} nodes with {key}={group} are reimaging, the most allowed at once is {}",
+                    budget.max_per_group
+                )));
+            }
+        }
+        let now = now_ms();
+        sqlx::query("UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .bind(mac.to_string())
+            .execute(&mut *tx)
+            .await?;
+        insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
+        tx.commit().await?;
+        let node = self
+            .node(mac)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
+        Ok(ReimageOutcome::Accepted(node))
+    }
+
+    /// The stored answer to an Idempotency-Key, if it was seen before.
+    pub async fn idempotent_response(
+        &self,
+        key: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = ?")
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    pub async fn save_idempotent_response(
+        &self,
+        key: &str,
+        mac: &Mac,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
+            .bind(key)
+            .bind(mac.to_string())
+            .bind(response)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
+        sqlx::query("UPDATE nodes SET last_heartbeat_ms = ? WHERE mac = ?")
+            .bind(now_ms())
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

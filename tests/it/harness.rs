@@ -24,6 +24,11 @@ impl TestServer {
     }
 
     pub async fn start_with(limits: BundleLimits) -> Self {
+        Self::start_configured(|cfg| cfg.limits = limits).await
+    }
+
+    /// A server whose settings `configure` adjusts first.
+    pub async fn start_configured(configure: impl FnOnce(&mut ServerConfig)) -> Self {
         let data = tempfile::tempdir().unwrap();
         let mut cfg = ServerConfig::resolve(
             FileConfig::default(),
@@ -33,7 +38,7 @@ impl TestServer {
                 ..Default::default()
             },
         );
-        cfg.limits = limits;
+        configure(&mut cfg);
         let state = bootfleet::server::open_state(&cfg).await.unwrap();
         let token = state.token.secret().to_string();
         let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();

@@ -335,3 +335,174 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
     );
     server.stop().await;
 }
+
+/// Reimage: a reason, the disruption budget (overall and per rack), idempotency keys, and
+/// the heartbeat that tells the node to reboot.
+#[tokio::test]
+async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
+    use bootfleet::store::nodes::DisruptionBudget;
+    let server = TestServer::start_configured(|cfg| {
+        cfg.budget = DisruptionBudget {
+            max_total: 2,
+            group_label: Some("rack".into()),
+            max_per_group: 1,
+        };
+    })
+    .await;
+    server
+        .publish_query(good_bundle("demo", "1", b"k1"), "?tag=demo:stable")
+        .await;
+    let macs = [
+        "52-54-00-00-01-01",
+        "52-54-00-00-01-02",
+        "52-54-00-00-02-01",
+        "52-54-00-00-09-01",
+    ];
+    let racks = [Some("r1"), Some("r1"), Some("r2"), None];
+    let mut tokens = Vec::new();
+    for (mac, rack) in macs.iter().zip(racks) {
+        server
+            .put(&format!("/api/v1/nodes/{mac}/image"))
+            .json(&serde_json::json!({ "image": "demo:stable" }))
+            .send()
+            .await
+            .unwrap();
+        if let Some(rack) = rack {
+            server
+                .http
+                .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
+                .bearer_auth(&server.token)
+                .json(&serde_json::json!({ "set": { "rack": rack } }))
+                .send()
+                .await
+                .unwrap();
+        }
+        let (_, boot) = script(&server, &format!("/boot/node.ipxe?mac={mac}")).await;
+        tokens.push((
+            field(&boot, "bootfleet.boot=").to_string(),
+            field(&boot, "bootfleet.token=").to_string(),
+        ));
+    }
+    let reimage = |mac: &str, key: Option<&str>| {
+        let mut r = server
+            .post(&format!("/api/v1/nodes/{mac}/reimage"))
+            .json(&serde_json::json!({ "reason": "driver drift on GPU 3" }));
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k);
+        }
+        r.send()
+    };
+    let first = reimage(macs[0], Some("k-1")).await.unwrap();
+    assert_eq!(first.status(), 202);
+    let first_body = first.text().await.unwrap();
+    assert!(first_body.contains("\"accepted\""), "{first_body}");
+    // Same key: the same answer, nothing new.
+    let again = reimage(macs[0], Some("k-1")).await.unwrap();
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.text().await.unwrap(), first_body);
+    assert_eq!(
+        reimage(macs[1], Some("k-1")).await.unwrap().status(),
+        409,
+        "a key belongs to one node"
+    );
+    // Rack r1 already has one node down.
+    let r = reimage(macs[1], None).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "60");
+    assert!(r.text().await.unwrap().contains("rack=r1"));
+    assert_eq!(reimage(macs[2], None).await.unwrap().status(), 202);
+    // Two down overall: the budget's total.
+    let r = reimage(macs[3], None).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("most allowed at once is 2")
+    );
+    let r = server
+        .post(&format!("/api/v1/nodes/{}/reimage", macs[3]))
+        .json(&serde_json::json!({ "reason": " " }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = server
+        .post("/api/v1/nodes/52-54-00-00-07-07/reimage")
+        .json(&serde_json::json!({ "reason": "x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    // The heartbeat answers "reboot" to a reimaging node, "none" to the others.
+    let heartbeat = |mac: &str, (boot, token): &(String, String)| {
+        server
+            .http
+            .post(server.url("/api/v1/agent/heartbeat"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({ "boot_id": boot, "mac": mac }))
+            .send()
+    };
+    let answer: serde_json::Value = heartbeat(macs[0], &tokens[0])
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["action"], "reboot");
+    let answer: serde_json::Value = heartbeat(macs[1], &tokens[1])
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["action"], "none");
+    assert_eq!(
+        heartbeat(macs[1], &tokens[0]).await.unwrap().status(),
+        403,
+        "another boot's token"
+    );
+    // The node reboots: a new boot, provisioning again, the reimage slot is free.
+    let (_, boot) = script(&server, &format!("/boot/node.ipxe?mac={}", macs[0])).await;
+    let fresh = (
+        field(&boot, "bootfleet.boot=").to_string(),
+        field(&boot, "bootfleet.token=").to_string(),
+    );
+    let answer: serde_json::Value = heartbeat(macs[0], &fresh)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["action"], "none");
+    assert_eq!(
+        heartbeat(macs[0], &tokens[0]).await.unwrap().status(),
+        403,
+        "the old boot's token expired"
+    );
+    let (_, node) = server.json(&format!("/api/v1/nodes/{}", macs[0])).await;
+    assert_eq!(node["state"], "provisioning");
+    let tos: Vec<&str> = node["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tos,
+        ["discovered", "provisioning", "reimaging", "provisioning"]
+    );
+    assert!(
+        node["history"][2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("driver drift on GPU 3")
+    );
+    assert_eq!(
+        reimage(macs[1], None).await.unwrap().status(),
+        202,
+        "r1 has room again"
+    );
+    server.stop().await;
+}

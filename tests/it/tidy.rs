@@ -37,6 +37,7 @@ fn example_configs_parse() {
     let cfg = bootfleet::config::FileConfig::load(&path).unwrap();
     assert_eq!(cfg.listen, Some("0.0.0.0:8080".parse().unwrap()));
     assert!(cfg.limits.max_artifact_bytes > 0);
+    assert_eq!(cfg.reimage.group_label.as_deref(), Some("rack"));
 }
 
 #[test]
