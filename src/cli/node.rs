@@ -30,6 +30,18 @@ pub enum NodeCommand {
     },
     /// The node's state changes, oldest first, with reasons.
     History { node: String },
+    /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
+    /// disruption budget (retry later); the same --idempotency-key gets the first answer.
+    Reimage {
+        node: String,
+        #[arg(long)]
+        reason: String,
+        /// Also assign this REF first.
+        #[arg(long)]
+        image: Option<String>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
 }
 
 fn mac(s: &str) -> anyhow::Result<Mac> {
@@ -127,6 +139,34 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 let labels: Vec<String> =
                     n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!("{}: {}", n.mac, labels.join(", "));
+            })
+        }
+        NodeCommand::Reimage {
+            node,
+            reason,
+            image,
+            idempotency_key,
+        } => {
+            if let Some(r) = &image {
+                ImageRef::parse(r)?;
+            }
+            let mut req = client
+                .request(
+                    Method::POST,
+                    &format!("/api/v1/nodes/{}/reimage", mac(&node)?),
+                )
+                .json(&serde_json::json!({ "reason": reason, "image": image }));
+            if let Some(key) = &idempotency_key {
+                req = req.header("idempotency-key", key);
+            }
+            let answer: serde_json::Value = client.send(req).await?;
+            emit(out, &answer, |a| {
+                println!(
+                    "{}: {} ({})",
+                    a["node"]["mac"].as_str().unwrap_or("?"),
+                    a["outcome"].as_str().unwrap_or("?"),
+                    a["node"]["state_reason"].as_str().unwrap_or("")
+                );
             })
         }
         NodeCommand::History { node } => {

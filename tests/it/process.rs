@@ -220,6 +220,21 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
         ok && text.contains("52:54:00:aa:bb:01") && text.contains("provisioning"),
         "{text}"
     );
+    let reimaged = cli_json(
+        &server,
+        &data,
+        &[
+            "node",
+            "reimage",
+            mac,
+            "--reason",
+            "XID 79",
+            "--idempotency-key",
+            "t-1",
+        ],
+    );
+    assert_eq!(reimaged["outcome"], "accepted");
+    assert_eq!(reimaged["node"]["state"], "reimaging");
     let (ok, _, stderr) = cli(&server, &data, &["node", "label", mac, "nonsense"]);
     assert!(!ok && stderr.contains("key=value"), "{stderr}");
 
