@@ -9,46 +9,15 @@ for tool in nginx wrk bc curl; do
 done
 build_release
 work=$(mktemp -d /var/tmp/bootfleet-bench.XXXXXX)
-nginx_pid=
-trap 'stop_server 2>/dev/null; [ -n "$nginx_pid" ] && kill "$nginx_pid" 2>/dev/null; rm -rf "$work"' EXIT
-mkdir "$work/img"
-head -c 256M /dev/urandom >"$work/img/rootfs"
-echo k >"$work/img/vmlinuz"
-echo i >"$work/img/initrd.img"
-cat >"$work/img/manifest.toml" <<TOML
-name = "bench"
-version = "1"
-[boot]
-kernel = "vmlinuz"
-initrds = ["initrd.img"]
-rootfs = "rootfs"
-TOML
+NGINX_PID=
+trap 'stop_server 2>/dev/null; [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null; rm -rf "$work"' EXIT
+make_image "$work/img" 2 256M
 start_server "$work/data" 18182
 "$BIN" --server http://127.0.0.1:18182 --data-dir "$work/data" image publish "$work/img" >/dev/null
 hex=$(sha256sum "$work/img/rootfs" | cut -d' ' -f1)
 cat "$work/data/blobs/sha256/$hex" >/dev/null
 
-cat >"$work/nginx.conf" <<NGINX
-user root;
-worker_processes auto;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx.err;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  server {
-    listen 127.0.0.1:18183;
-    root $work/data/blobs;
-    location /blobs/ { alias $work/data/blobs/; }
-  }
-}
-NGINX
-nginx -c "$work/nginx.conf" &
-nginx_pid=$!
-sleep 1
+start_nginx "$work/data" 18183 "$work"
 
 run_wrk() { wrk -t2 -c16 -d"${duration}s" "$1" | awk '/Transfer\/sec/ {print $2}'; }
 to_mbs() { # wrk prints e.g. 1.23GB or 950.00MB

@@ -12,34 +12,17 @@ for tool in nginx wrk curl; do
 done
 build_release
 work=$(mktemp -d /var/tmp/bootfleet-bench.XXXXXX)
-nginx_pid=
-trap 'stop_server 2>/dev/null; [ -n "$nginx_pid" ] && kill "$nginx_pid" 2>/dev/null; rm -rf "$work"' EXIT
+NGINX_PID=
+trap 'stop_server 2>/dev/null; [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null; rm -rf "$work"' EXIT
 start_server "$work/data" 18184
 url=http://127.0.0.1:18184
-mkdir -p "$work/img" "$work/www"
-head -c 100000 /dev/urandom >"$work/img/vmlinuz"
-echo initrd >"$work/img/initrd.img"
-printf 'name = "bench"\nversion = "1"\n[boot]\nkernel = "vmlinuz"\ninitrds = ["initrd.img"]\ncmdline = "console=ttyS0 quiet"\n' >"$work/img/manifest.toml"
+mkdir -p "$work/www"
+make_image "$work/img" 100000
 "$BIN" --server "$url" --data-dir "$work/data" image publish "$work/img" --tag bench:stable >/dev/null
 "$BIN" --server "$url" --data-dir "$work/data" node assign 52-54-00-00-00-01 bench:stable >/dev/null
 curl -fs "$url/boot.ipxe" >"$work/www/entry.ipxe"
 curl -fs "$url/boot/node.ipxe?mac=52-54-00-00-00-01" >"$work/www/node.ipxe"
-cat >"$work/nginx.conf" <<NGINX
-user root;
-worker_processes auto;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx.err;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  sendfile on;
-  server { listen 127.0.0.1:18185; root $work/www; }
-}
-NGINX
-nginx -c "$work/nginx.conf" &
-nginx_pid=$!
-sleep 1
+start_nginx "$work/www" 18185 "$work"
 rps() { wrk -t2 -c32 -d"${duration}s" "$1" | awk '/Requests\/sec/ {print $2}'; }
 machine
 echo "entry script: $(stat -c %s "$work/www/entry.ipxe") bytes; node script: $(stat -c %s "$work/www/node.ipxe") bytes; wrk -t2 -c32 -d${duration}s"

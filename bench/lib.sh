@@ -39,3 +39,37 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 machine() {
   echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM, $(uname -r); date: $(date -u +%F)"
 }
+
+# make_image DIR KERNEL_BYTES [ROOTFS_BYTES]: a bundle directory of random artifacts.
+make_image() {
+  mkdir -p "$1"
+  head -c "$2" /dev/urandom >"$1/vmlinuz"
+  echo initrd >"$1/initrd.img"
+  printf 'name = "bench"\nversion = "1"\n[boot]\nkernel = "vmlinuz"\ninitrds = ["initrd.img"]\ncmdline = "console=ttyS0 quiet"\n' >"$1/manifest.toml"
+  if [ -n "${3:-}" ]; then
+    head -c "$3" /dev/urandom >"$1/rootfs"
+    echo 'rootfs = "rootfs"' >>"$1/manifest.toml"
+  fi
+}
+
+# start_nginx ROOT PORT WORKDIR: nginx (sendfile, no access log) serving ROOT on
+# 127.0.0.1:PORT in the background; sets NGINX_PID.
+start_nginx() {
+  cat >"$3/nginx.conf" <<NGINX
+user root;
+worker_processes auto;
+daemon off;
+pid $3/nginx.pid;
+error_log $3/nginx.err;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  server { listen 127.0.0.1:$2; root $1; }
+}
+NGINX
+  nginx -c "$3/nginx.conf" &
+  NGINX_PID=$!
+  sleep 1
+}

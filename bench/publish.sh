@@ -7,16 +7,7 @@ runs=${2:-3}
 build_release
 work=$(mktemp -d /var/tmp/bootfleet-bench.XXXXXX)
 trap 'stop_server 2>/dev/null; rm -rf "$work"' EXIT
-mkdir "$work/img"
-head -c "${size_mib}M" /dev/urandom >"$work/img/vmlinuz"
-echo initrd >"$work/img/initrd.img"
-cat >"$work/img/manifest.toml" <<TOML
-name = "bench"
-version = "1"
-[boot]
-kernel = "vmlinuz"
-initrds = ["initrd.img"]
-TOML
+make_image "$work/img" "${size_mib}M"
 tar -C "$work/img" -cf "$work/bundle.tar" .
 rm -rf "$work/img"
 bytes=$(stat -c %s "$work/bundle.tar")
