@@ -37,6 +37,12 @@ pub struct FileConfig {
     /// `[reimage]`: the disruption budget.
     #[serde(default)]
     pub reimage: crate::store::nodes::DisruptionBudget,
+    /// `[lifecycle]`: heartbeat timeout and drift policy.
+    #[serde(default)]
+    pub lifecycle: crate::node::policy::LifecyclePolicy,
+    /// `[[webhooks]]`: where events are delivered.
+    #[serde(default)]
+    pub webhooks: Vec<crate::webhook::WebhookConfig>,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
@@ -80,6 +86,8 @@ pub struct ServerConfig {
     pub tftp: crate::tftp::server::TftpSettings,
     pub templates_dir: Option<PathBuf>,
     pub budget: crate::store::nodes::DisruptionBudget,
+    pub lifecycle: crate::node::policy::LifecyclePolicy,
+    pub webhooks: Vec<crate::webhook::WebhookConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +144,8 @@ impl ServerConfig {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR)),
             templates_dir: over.templates_dir.or(file.templates_dir),
             budget: file.reimage,
+            lifecycle: file.lifecycle,
+            webhooks: file.webhooks,
             tftp: {
                 let mut t = crate::tftp::server::TftpSettings::default();
                 if let Some(n) = file.tftp.max_transfers {

@@ -13,3 +13,4 @@ pub mod registry;
 pub mod server;
 pub mod store;
 pub mod tftp;
+pub mod webhook;

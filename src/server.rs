@@ -35,11 +35,24 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
         None => crate::boot::script::BootTemplates::builtin(),
     };
+    cfg.lifecycle.check().map_err(anyhow::Error::msg)?;
+    let webhooks = cfg
+        .webhooks
+        .iter()
+        .map(crate::webhook::Webhook::load)
+        .collect::<Result<Vec<_>, _>>()?;
     let registry = Registry::new(store.clone(), blobs, cfg.limits);
     let boot = crate::boot::service::BootService {
         registry: registry.clone(),
         templates,
-        controller: crate::node::controller::NodeController::new(store),
+        controller: crate::node::controller::NodeController::new(store.clone()),
+        fetches: crate::boot::fetches::FetchRecorder::start(store),
+        reimage: crate::node::reimage::ReimageService {
+            registry: registry.clone(),
+            budget: cfg.budget.clone(),
+        },
+        policy: cfg.lifecycle.clone(),
+        images: Default::default(),
     };
     Ok(AppState {
         registry,
@@ -47,7 +60,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         tasks: TaskTracker::new(),
         boot: std::sync::Arc::new(boot),
         fallback_url: format!("http://{}", cfg.listen),
-        budget: cfg.budget.clone(),
+        stopping: CancellationToken::new(),
+        webhooks,
     })
 }
 
@@ -58,13 +72,31 @@ pub async fn run(
     state: AppState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    for hook in &state.webhooks {
+        state.tasks.spawn(crate::webhook::run(
+            hook.clone(),
+            state.registry.store.clone(),
+            state.stopping.clone(),
+        ));
+    }
+    state.tasks.spawn(crate::node::sweeper::run(
+        state.registry.store.clone(),
+        state.boot.controller.clone(),
+        state.boot.policy.clone(),
+        state.stopping.clone(),
+    ));
     let app = router(state.clone());
+    let stopping = state.stopping.clone();
+    let shutdown = async move {
+        shutdown.cancelled().await;
+        stopping.cancel();
+    };
     let listener = listener.tap_io(|tcp| {
         // Small responses (scripts, API) must not wait on Nagle.
         let _ = tcp.set_nodelay(true);
     });
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .with_graceful_shutdown(shutdown)
         .await
         .context("HTTP server failed")?;
     state.tasks.close();

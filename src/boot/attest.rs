@@ -8,8 +8,10 @@ use subtle::ConstantTimeEq;
 
 use super::service::{BootError, BootService};
 use crate::digest::Digest;
-use crate::image::manifest::Manifest;
-use crate::node::attest::{AttestReport, Expected, Verdict, judge};
+use std::collections::BTreeMap;
+
+use crate::image::manifest::Role;
+use crate::node::attest::{AttestReport, Expected, Received, Verdict, judge};
 use crate::node::mac::Mac;
 use crate::node::state::NodeEvent;
 
@@ -24,27 +26,8 @@ pub struct AttestRequest {
     pub report: AttestReport,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
-    pub boot_id: String,
-    pub mac: Mac,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NextAction {
-    None,
-    /// Reboot now: a reimage was requested (on a stateless node, a reboot is a reimage).
-    Reboot,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct HeartbeatAnswer {
-    pub action: NextAction,
-}
-
-/// Why an attestation was refused before any judgement. Each is logged as a security event.
+/// Why an agent call was refused before any judgement. Each is logged as a security
+/// event and recorded in the event log.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refusal {
     #[error("the boot token is not valid for this boot")]
@@ -53,6 +36,8 @@ pub enum Refusal {
     Expired,
     #[error("this boot was already attested; a token is used once")]
     Replayed,
+    #[error("this boot has not passed attestation; validation and heartbeats come after it")]
+    NotAttested,
     #[error("the report names node {claimed}, but boot {boot_id} belongs to {actual}")]
     OtherNode {
         claimed: Mac,
@@ -65,6 +50,9 @@ pub enum Refusal {
 pub enum AttestError {
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// Authentic, but the node's state does not allow it now.
+    #[error("{0}")]
+    NotNow(String),
     #[error(transparent)]
     Boot(#[from] BootError),
 }
@@ -78,14 +66,40 @@ impl From<crate::store::StoreError> for AttestError {
 impl BootService {
     pub async fn attest(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let result = self.attest_inner(token, req).await;
-        if let Err(AttestError::Refused(refusal)) = &result {
-            tracing::warn!(security = true, boot = %req.boot_id, mac = %req.mac, %refusal, "attestation refused");
-        }
+        self.note_refusal("attest", &req.boot_id, &req.mac, &result)
+            .await;
         result
     }
 
+    /// Logs and records a refused agent call as an event (a recording failure is logged:
+    /// the caller is refused either way).
+    pub(super) async fn note_refusal<T>(
+        &self,
+        route: &str,
+        boot_id: &str,
+        mac: &Mac,
+        result: &Result<T, AttestError>,
+    ) {
+        let Err(AttestError::Refused(refusal)) = result else {
+            return;
+        };
+        tracing::warn!(security = true, route, boot = %boot_id, %mac, %refusal, "agent report refused");
+        // The boot id is the caller's claim: keep it short in the log.
+        let boot: String = boot_id.chars().take(64).collect();
+        let data =
+            serde_json::json!({ "route": route, "boot": boot, "reason": refusal.to_string() });
+        if let Err(e) = self
+            .registry
+            .store
+            .record_event(crate::store::events::kind::REPORT_REFUSED, Some(mac), &data)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot record a refused report");
+        }
+    }
+
     /// The checks every agent call makes: this boot's token, this boot's node, its newest boot.
-    async fn authenticate(
+    pub(super) async fn authenticate(
         &self,
         token: &str,
         boot_id: &str,
@@ -120,57 +134,49 @@ impl BootService {
         Ok(boot)
     }
 
-    /// A heartbeat: the answer is what the node must do next.
-    pub async fn heartbeat(
-        &self,
-        token: &str,
-        req: &HeartbeatRequest,
-    ) -> Result<HeartbeatAnswer, AttestError> {
-        let result = async {
-            self.authenticate(token, &req.boot_id, &req.mac).await?;
-            let store = &self.registry.store;
-            store.record_heartbeat(&req.mac).await?;
-            let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
-            let action = if node.state == crate::node::state::NodeState::Reimaging {
-                NextAction::Reboot
-            } else {
-                NextAction::None
-            };
-            Ok(HeartbeatAnswer { action })
-        }
-        .await;
-        if let Err(AttestError::Refused(refusal)) = &result {
-            tracing::warn!(security = true, boot = %req.boot_id, mac = %req.mac, %refusal, "heartbeat refused");
-        }
-        result
-    }
-
     async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let store = &self.registry.store;
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
         if crate::store::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());
         }
-        let record = store.image(&boot.image).await?;
-        let manifest = store.manifest_toml(&boot.image).await?;
-        let (Some(record), Some(manifest)) = (record, manifest) else {
+        let Some(image) = self.image(&boot.image).await? else {
             return Err(Refusal::BadToken.into());
         };
-        let manifest = Manifest::parse(&manifest)
-            .map_err(|e| BootError::Store(crate::store::StoreError::Corrupt(e.to_string())))?;
-        let artifacts: Vec<Digest> = record.artifacts.iter().map(|a| a.digest).collect();
+        let artifacts: Vec<Digest> = image.record.artifacts.iter().map(|a| a.digest).collect();
+        let by_script: Vec<(String, Digest, u64)> = image
+            .record
+            .artifacts
+            .iter()
+            .filter(|a| matches!(a.role, Role::Kernel | Role::Initrd))
+            .map(|a| (a.path.clone(), a.digest, a.size))
+            .collect();
+        // Downloads still being written down would look like missing ones.
+        self.fetches.flush().await;
+        let mut received: BTreeMap<Digest, Received> = BTreeMap::new();
+        for f in store.fetches(&req.boot_id).await? {
+            let r = received.entry(f.digest).or_default();
+            r.bytes += f.bytes;
+            r.whole |= f.whole && f.finished_at_ms.is_some();
+        }
         let verdict = judge(
             &req.report,
             &Expected {
                 image_digest: boot.image,
                 boot_id: &req.boot_id,
-                cmdline: &manifest.cmdline,
-                pins: &manifest.pins,
+                cmdline: &image.manifest.cmdline,
+                pins: &image.manifest.pins,
                 artifacts: &artifacts,
+                delivered_by_script: &by_script,
+                received: &received,
             },
         );
         let json = serde_json::to_string(&verdict).expect("verdict serialises");
-        if !store.record_attestation(&req.boot_id, &json).await? {
+        let report = serde_json::to_string(&req.report).expect("report serialises");
+        if !store
+            .record_attestation(&req.boot_id, &json, &report)
+            .await?
+        {
             return Err(Refusal::Replayed.into());
         }
         let reason = if verdict.passed {

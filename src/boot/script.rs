@@ -74,9 +74,11 @@ pub struct NodeBoot<'a> {
 }
 
 /// The URL of a blob as nodes fetch it.
-pub fn blob_url(server: &str, digest: &Digest) -> String {
+/// An artifact's URL for one boot: `?boot=` attributes the download to the boot, so the
+/// server knows what the node actually received.
+pub fn blob_url(server: &str, digest: &Digest, boot_id: &str) -> String {
     format!(
-        "{}/blobs/sha256/{}",
+        "{}/blobs/sha256/{}?boot={boot_id}",
         server.trim_end_matches('/'),
         digest.hex()
     )
@@ -223,15 +225,15 @@ mod tests {
             name: "gpu-node".into(),
             version: "2026.12.0".into(),
             digest: Digest::of(b"image"),
-            kernel_url: blob_url(server, &Digest::of(b"kernel")),
+            kernel_url: blob_url(server, &Digest::of(b"kernel"), "b1"),
             initrds: vec![
                 InitrdRef {
                     name: "initrd.img".into(),
-                    url: blob_url(server, &Digest::of(b"initrd")),
+                    url: blob_url(server, &Digest::of(b"initrd"), "b1"),
                 },
                 InitrdRef {
                     name: "modules.cpio".into(),
-                    url: blob_url(server, &Digest::of(b"modules")),
+                    url: blob_url(server, &Digest::of(b"modules"), "b1"),
                 },
             ],
             cmdline: "console=ttyS0 quiet".into(),

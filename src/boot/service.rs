@@ -1,6 +1,8 @@
 //! What a booting node gets: discovery of unknown MACs, the assigned image resolved to a
 //! digest, a boot record with a fresh token (stored hashed), the state change, the script.
 
+use std::sync::Arc;
+
 use sha2::{Digest as _, Sha256};
 
 use super::script::{BootTemplates, ImageBoot, InitrdRef, NodeBoot, TemplateError, blob_url};
@@ -27,6 +29,51 @@ pub struct BootService {
     pub registry: Registry,
     pub templates: BootTemplates,
     pub controller: NodeController,
+    pub fetches: super::fetches::FetchRecorder,
+    pub reimage: crate::node::reimage::ReimageService,
+    pub policy: crate::node::policy::LifecyclePolicy,
+    /// Published images never change, so what a boot needs of one is parsed once.
+    pub images: ImageCache,
+}
+
+/// What a boot needs of an image, parsed once per digest.
+pub struct CachedImage {
+    pub record: crate::store::ImageRecord,
+    pub manifest: Manifest,
+}
+
+/// Images by digest. Bounded: past `IMAGE_CACHE_MAX` entries it starts over (a fleet
+/// boots a handful of images at a time, so this is rare and cheap).
+#[derive(Default)]
+pub struct ImageCache(std::sync::Mutex<std::collections::HashMap<Digest, Arc<CachedImage>>>);
+
+const IMAGE_CACHE_MAX: usize = 256;
+
+impl BootService {
+    /// The image `digest`, from the cache or the store; None if it is not published or
+    /// its stored manifest no longer parses.
+    pub async fn image(&self, digest: &Digest) -> Result<Option<Arc<CachedImage>>, StoreError> {
+        if let Some(hit) = self.images.0.lock().expect("not poisoned").get(digest) {
+            return Ok(Some(hit.clone()));
+        }
+        let store = &self.registry.store;
+        let (Some(record), Some(manifest)) = (
+            store.image(digest).await?,
+            store.manifest_toml(digest).await?,
+        ) else {
+            return Ok(None);
+        };
+        let Ok(manifest) = Manifest::parse(&manifest) else {
+            return Ok(None);
+        };
+        let image = Arc::new(CachedImage { record, manifest });
+        let mut cache = self.images.0.lock().expect("not poisoned");
+        if cache.len() >= IMAGE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(*digest, image.clone());
+        Ok(Some(image))
+    }
 }
 
 /// A fresh random secret as lowercase hex.
@@ -67,7 +114,8 @@ impl BootService {
                 &node.state_reason,
             )?);
         }
-        let image = match self.resolve_image(server, &assigned).await? {
+        let boot_id = random_hex(8);
+        let image = match self.resolve_image(server, &assigned, &boot_id).await? {
             Some(image) => image,
             None => {
                 let reason = format!("assigned image {assigned} is not published");
@@ -77,7 +125,6 @@ impl BootService {
                     .held(server, &hyphens, node.state.as_str(), &reason)?);
             }
         };
-        let boot_id = random_hex(8);
         let token = random_hex(32);
         store
             .open_boot(
@@ -108,6 +155,7 @@ impl BootService {
         &self,
         server: &str,
         assigned: &str,
+        boot_id: &str,
     ) -> Result<Option<ImageBoot>, BootError> {
         let Ok(reference) = ImageRef::parse(assigned) else {
             return Ok(None);
@@ -115,38 +163,30 @@ impl BootService {
         let Some(digest) = self.registry.store.resolve(&reference).await? else {
             return Ok(None);
         };
-        let store = &self.registry.store;
-        let (Some(record), Some(manifest)) = (
-            store.image(&digest).await?,
-            store.manifest_toml(&digest).await?,
-        ) else {
+        let Some(image) = self.image(&digest).await? else {
             return Ok(None);
         };
-        let Ok(manifest) = Manifest::parse(&manifest) else {
+        let artifacts = &image.record.artifacts;
+        let Some(kernel) = artifacts.iter().find(|a| a.role == Role::Kernel) else {
             return Ok(None);
         };
-        let kernel = record.artifacts.iter().find(|a| a.role == Role::Kernel);
-        let Some(kernel) = kernel else {
-            return Ok(None);
-        };
-        let initrds = record
-            .artifacts
+        let initrds = artifacts
             .iter()
             .filter(|a| a.role == Role::Initrd)
             .map(|a| InitrdRef {
                 // iPXE names the image after the last path component; UEFI kernels look
                 // it up by that name (initrd=<name>).
                 name: a.path.rsplit('/').next().unwrap_or(&a.path).to_string(),
-                url: blob_url(server, &a.digest),
+                url: blob_url(server, &a.digest, boot_id),
             })
             .collect();
         Ok(Some(ImageBoot {
-            name: record.name,
-            version: record.version,
+            name: image.record.name.clone(),
+            version: image.record.version.clone(),
             digest,
-            kernel_url: blob_url(server, &kernel.digest),
+            kernel_url: blob_url(server, &kernel.digest, boot_id),
             initrds,
-            cmdline: manifest.cmdline,
+            cmdline: image.manifest.cmdline.clone(),
         }))
     }
 }

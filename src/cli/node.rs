@@ -84,7 +84,19 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 println!("labels:   {}", labels.join(", "));
                 println!("boots (newest first):");
                 for b in &d.boots {
-                    println!("  {}  {}  {}", b.at, b.id, b.image);
+                    let end = match &b.stopped_at {
+                        Some(step) => format!("stopped at {step}"),
+                        None => "reached ready".into(),
+                    };
+                    println!("  {}  boot {}  {}  ({end})", b.at, b.id, b.image);
+                    for s in &b.steps {
+                        println!(
+                            "    {:<24} {:>9}  {}",
+                            s.step,
+                            format!("+{:.3}s", s.took_ms as f64 / 1000.0),
+                            s.outcome
+                        );
+                    }
                 }
                 println!("history:");
                 for h in &d.history {

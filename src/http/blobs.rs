@@ -1,7 +1,7 @@
 //! `GET`/`HEAD /blobs/sha256/<hex>`: immutable artifacts, streamed from disk in 1 MiB chunks.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
@@ -15,9 +15,16 @@ use crate::digest::Digest;
 /// that 16 concurrent downloads stay within a few tens of MiB.
 const CHUNK: u64 = 1 << 20;
 
+#[derive(serde::Deserialize)]
+pub struct BlobQuery {
+    /// The boot this download belongs to (boot scripts add it): recorded, never required.
+    boot: Option<String>,
+}
+
 pub async fn get_blob(
     State(state): State<AppState>,
     Path(hex_digits): Path<String>,
+    Query(query): Query<BlobQuery>,
     method: Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -76,7 +83,20 @@ pub async fn get_blob(
     let body = if method == Method::HEAD || count == 0 {
         Body::empty()
     } else {
-        Body::from_stream(file_chunks(file, start, count))
+        let chunks = Box::pin(file_chunks(file, start, count));
+        match query
+            .boot
+            .filter(|b| crate::boot::fetches::plausible_boot_id(b))
+        {
+            Some(boot) => Body::from_stream(state.boot.fetches.track(
+                boot,
+                digest,
+                status == StatusCode::OK,
+                count,
+                chunks,
+            )),
+            None => Body::from_stream(chunks),
+        }
     };
     Ok(response
         .status(status)

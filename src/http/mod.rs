@@ -4,6 +4,7 @@
 mod auth;
 mod blobs;
 mod error;
+mod events;
 mod images;
 mod nodes;
 pub mod range;
@@ -30,7 +31,11 @@ pub struct AppState {
     pub boot: std::sync::Arc<crate::boot::service::BootService>,
     /// Our URL for boot scripts when a request carries no Host header.
     pub fallback_url: String,
-    pub budget: crate::store::nodes::DisruptionBudget,
+    /// Checked at start; each runs as a task of its own.
+    pub webhooks: Vec<crate::webhook::Webhook>,
+    /// Cancelled when the server starts shutting down: ends event streams, which would
+    /// otherwise hold graceful shutdown open forever.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -47,6 +52,9 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{mac}/image", put(nodes::assign))
         .route("/nodes/{mac}/labels", patch(nodes::label))
         .route("/nodes/{mac}/reimage", post(nodes::reimage))
+        .route("/nodes/{mac}/revalidate", post(nodes::revalidate))
+        .route("/events", get(events::list))
+        .route("/events/stream", get(events::stream))
         // Bundle size is bounded per entry by `[limits]`, not by a body cap.
         .layer(DefaultBodyLimit::disable())
         .route_layer(middleware::from_fn_with_state(
@@ -61,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/boot/node.ipxe", get(nodes::node_script))
         .route("/api/v1/agent/attest", post(nodes::attest))
         .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
+        .route("/api/v1/agent/validate", post(nodes::validate))
         .nest("/api/v1", admin)
         .with_state(state)
 }

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use crate::image::refs::ImageRef;
 use crate::node::mac::Mac;
 use crate::registry::RegistryError;
-use crate::store::nodes::{BootRecord, NodeRecord, StateChange};
+use crate::store::nodes::{NodeRecord, StateChange};
 
 /// The URL nodes reach us by: the one this request came to.
 fn server_url(headers: &HeaderMap, state: &AppState) -> String {
@@ -97,8 +97,8 @@ pub struct NodeDetail {
     #[serde(flatten)]
     pub node: NodeRecord,
     pub history: Vec<StateChange>,
-    /// Newest first.
-    pub boots: Vec<BootRecord>,
+    /// The last boots as timelines, newest first.
+    pub boots: Vec<crate::boot::timeline::Timeline>,
 }
 
 pub async fn show(
@@ -115,7 +115,7 @@ pub async fn show(
     Ok(Json(NodeDetail {
         node,
         history: store.node_history(&mac).await.map_err(store_err)?,
-        boots: store.boots(&mac, 10).await.map_err(store_err)?,
+        boots: state.boot.timelines(&mac, 5).await.map_err(internal)?,
     }))
 }
 
@@ -213,7 +213,9 @@ fn agent_error(e: crate::boot::attest::AttestError) -> ApiError {
     use crate::boot::attest::{AttestError, Refusal};
     match e {
         AttestError::Refused(r @ Refusal::Replayed) => ApiError::Conflict(r.to_string()),
+        AttestError::Refused(r @ Refusal::NotAttested) => ApiError::Conflict(r.to_string()),
         AttestError::Refused(r) => ApiError::Refused(r.to_string()),
+        AttestError::NotNow(why) => ApiError::Conflict(why),
         AttestError::Boot(e) => internal(e),
     }
 }
@@ -223,9 +225,9 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Result<Json<crate::boot::attest::HeartbeatAnswer>, ApiError> {
+) -> Result<Json<crate::boot::heartbeat::HeartbeatAnswer>, ApiError> {
     let token = boot_token(&headers)?;
-    let req: crate::boot::attest::HeartbeatRequest = serde_json::from_slice(&body)
+    let req: crate::boot::heartbeat::HeartbeatRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("heartbeat: {e}")))?;
     state
         .boot
@@ -250,76 +252,70 @@ pub async fn reimage(
     headers: HeaderMap,
     Json(req): Json<ReimageRequest>,
 ) -> Result<Response, ApiError> {
-    use crate::store::nodes::ReimageOutcome;
+    use crate::node::reimage::ReimageError;
     let mac = parse_mac(&mac)?;
-    if req.reason.trim().is_empty() || req.reason.len() > 1024 {
-        return Err(ApiError::BadRequest(
-            "a reimage needs a reason (1-1024 characters)".into(),
-        ));
-    }
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let store = &state.registry.store;
-    let accepted = |body: String| {
-        (
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    match state
+        .boot
+        .reimage
+        .request(&mac, &req.reason, req.image.as_deref(), key)
+        .await
+    {
+        Ok(body) => Ok((
             axum::http::StatusCode::ACCEPTED,
             [(header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
-    };
-    if let Some(key) = &key
-        && let Some((for_mac, body)) = store.idempotent_response(key).await.map_err(store_err)?
-    {
-        if for_mac != mac.to_string() {
-            return Err(ApiError::Conflict(format!(
-                "Idempotency-Key {key:?} was used for node {for_mac}"
-            )));
-        }
-        return Ok(accepted(body));
+            .into_response()),
+        Err(e @ ReimageError::OverBudget(_)) => Ok((
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "60")],
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response()),
+        Err(e @ ReimageError::BadRequest(_)) => Err(ApiError::BadRequest(e.to_string())),
+        Err(e @ ReimageError::UnknownNode(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ ReimageError::Conflict(_)) => Err(ApiError::Conflict(e.to_string())),
+        Err(ReimageError::Registry(e)) => Err(e.into()),
+        Err(ReimageError::Store(e)) => Err(store_err(e)),
     }
-    let image = match &req.image {
-        Some(r) => {
-            let r = ImageRef::parse(r).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            state.registry.resolve(&r).await?;
-            Some(r)
-        }
-        None => None,
-    };
-    let reason = format!("reimage requested: {}", req.reason.trim());
-    let (node, outcome) = match store
-        .request_reimage(&mac, &reason, &state.budget)
+}
+
+/// `POST /api/v1/nodes/{mac}/revalidate`: the node's next heartbeat answers "revalidate".
+pub async fn revalidate(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+) -> Result<Response, ApiError> {
+    let mac = parse_mac(&mac)?;
+    if !state
+        .registry
+        .store
+        .request_revalidate(&mac)
         .await
         .map_err(store_err)?
     {
-        ReimageOutcome::Accepted(n) => (n, "accepted"),
-        ReimageOutcome::AlreadyReimaging(n) => (n, "already-reimaging"),
-        ReimageOutcome::OverBudget(why) => {
-            return Ok((
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, "60")],
-                Json(serde_json::json!({ "error": format!("over the disruption budget: {why}") })),
-            )
-                .into_response());
-        }
-        ReimageOutcome::NotAllowed(e) => return Err(ApiError::Conflict(e.to_string())),
-        ReimageOutcome::UnknownNode => return Err(ApiError::NotFound(format!("no node {mac}"))),
-    };
-    let node = match image {
-        Some(r) => store
-            .assign(&mac, &r.to_string())
-            .await
-            .map_err(store_err)?,
-        None => node,
-    };
-    let body = serde_json::json!({ "outcome": outcome, "node": node }).to_string();
-    if let Some(key) = &key {
-        store
-            .save_idempotent_response(key, &mac, &body)
-            .await
-            .map_err(store_err)?;
+        return Err(ApiError::NotFound(format!("no node {mac}")));
     }
-    Ok(accepted(body))
+    Ok((
+        axum::http::StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "outcome": "revalidate-requested", "node": mac })),
+    )
+        .into_response())
+}
+
+/// `POST /api/v1/agent/validate`: the post-boot validation report, by boot token.
+pub async fn validate(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<crate::node::validate::ValidationVerdict>, ApiError> {
+    let token = boot_token(&headers)?;
+    let req: crate::boot::validate::ValidateRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("validation report: {e}")))?;
+    state
+        .boot
+        .validate(token, &req)
+        .await
+        .map(Json)
+        .map_err(agent_error)
 }

@@ -23,6 +23,10 @@ pub struct AttestReport {
     /// Digests of the artifacts the node verified after download.
     #[serde(default)]
     pub artifacts: Vec<Digest>,
+    /// Loaded kernel modules and their versions: not judged here, kept as the baseline
+    /// that drift is measured against.
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
 }
 
 /// What the boot was given.
@@ -35,6 +39,20 @@ pub struct Expected<'a> {
     /// The manifest's pins; `kernel` is compared with the kernel release.
     pub pins: &'a BTreeMap<String, String>,
     pub artifacts: &'a [Digest],
+    /// The artifacts the boot script delivers (path, digest, size): each must have
+    /// reached this boot from us.
+    pub delivered_by_script: &'a [(String, Digest, u64)],
+    /// What this boot's downloads carried, per digest.
+    pub received: &'a BTreeMap<Digest, Received>,
+}
+
+/// What one boot's downloads of one blob carried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Received {
+    /// Bytes sent, over all responses (a resumed download is several ranges).
+    pub bytes: u64,
+    /// One response sent the whole blob, to its last byte.
+    pub whole: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +118,21 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
     for d in got.difference(&want) {
         check("artifacts", "(not in the image)".into(), d.to_string());
     }
+    for (path, digest, size) in expected.delivered_by_script {
+        let got = expected.received.get(digest).copied().unwrap_or_default();
+        if !got.whole && got.bytes < *size {
+            let found = if got.bytes == 0 {
+                "never fetched by this boot".to_string()
+            } else {
+                format!("{} of {size} bytes fetched by this boot", got.bytes)
+            };
+            check(
+                &format!("fetched.{path}"),
+                format!("{digest} received by this boot"),
+                found,
+            );
+        }
+    }
     Verdict {
         passed: mismatches.is_empty(),
         mismatches,
@@ -125,12 +158,40 @@ mod tests {
                 .into(),
             versions: BTreeMap::from([("nvidia-driver".to_string(), "550.127.05".to_string())]),
             artifacts: vec![Digest::of(b"k"), Digest::of(b"i")],
+            modules: BTreeMap::new(),
         }
     }
 
     fn verdict(r: &AttestReport) -> Verdict {
+        verdict_with(r, &received())
+    }
+
+    fn received() -> BTreeMap<Digest, Received> {
+        BTreeMap::from([
+            (
+                Digest::of(b"k"),
+                Received {
+                    bytes: 100,
+                    whole: true,
+                },
+            ),
+            (
+                Digest::of(b"i"),
+                Received {
+                    bytes: 50,
+                    whole: false,
+                },
+            ),
+        ])
+    }
+
+    fn verdict_with(r: &AttestReport, received: &BTreeMap<Digest, Received>) -> Verdict {
         let pins = pins();
         let artifacts = [Digest::of(b"k"), Digest::of(b"i")];
+        let by_script = [
+            ("vmlinuz".to_string(), Digest::of(b"k"), 100),
+            ("initrd.img".to_string(), Digest::of(b"i"), 50),
+        ];
         judge(
             r,
             &Expected {
@@ -139,8 +200,36 @@ mod tests {
                 cmdline: "console=ttyS0 quiet",
                 pins: &pins,
                 artifacts: &artifacts,
+                delivered_by_script: &by_script,
+                received,
             },
         )
+    }
+
+    #[test]
+    fn an_artifact_this_boot_did_not_receive_is_named() {
+        let mut got = received();
+        got.remove(&Digest::of(b"k"));
+        got.insert(
+            Digest::of(b"i"),
+            Received {
+                bytes: 20,
+                whole: false,
+            },
+        );
+        let v = verdict_with(&report(), &got);
+        let found: Vec<(&str, &str)> = v
+            .mismatches
+            .iter()
+            .map(|m| (m.field.as_str(), m.found.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("fetched.vmlinuz", "never fetched by this boot"),
+                ("fetched.initrd.img", "20 of 50 bytes fetched by this boot")
+            ]
+        );
     }
 
     fn fields(v: &Verdict) -> Vec<&str> {

@@ -1,7 +1,12 @@
-//! Nodes: the lifecycle state machine (pure). The controller that persists transitions,
-//! attestation and validation judgements arrive with issue #5.
+//! Nodes: the lifecycle state machine, attestation, validation and drift judgements and
+//! lifecycle policy (all pure), and the controller, the one writer of node state.
 
 pub mod attest;
 pub mod controller;
+pub mod drift;
 pub mod mac;
+pub mod policy;
+pub mod reimage;
 pub mod state;
+pub mod sweeper;
+pub mod validate;

@@ -107,6 +107,7 @@ pub const ALLOWED: &[(NodeState, NodeState)] = &[
     (Drifted, Reimaging),
     (Drifted, Unreachable),
     (Unreachable, Provisioning),
+    (Unreachable, Validating),
     (Unreachable, Reimaging),
     (Quarantined, Reimaging),
 ];

@@ -1,6 +1,8 @@
 //! The only module that speaks SQL: images, artifacts, tags and their history (here),
 //! nodes, their state history and boots (`nodes`). SQLite.
 
+pub mod boots;
+pub mod events;
 pub mod nodes;
 
 use std::collections::HashSet;
@@ -31,6 +33,8 @@ pub enum StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
+    /// Bumped after every commit that wrote events (see `events`).
+    events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// An image as listed and shown.
@@ -130,7 +134,10 @@ impl Store {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+        })
     }
 
     /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred

@@ -90,7 +90,8 @@ fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
     })
 }
 
-/// The history row of a state change; always in the transaction of the change itself.
+/// The history row and the event of a state change; always in the transaction of the
+/// change itself. Callers notify event readers after committing.
 async fn insert_history(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
@@ -105,9 +106,17 @@ async fn insert_history(
         .bind(to.as_str())
         .bind(reason)
         .bind(at_ms)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    let data = serde_json::json!({ "from": from, "to": to, "reason": reason });
+    super::events::insert_event(
+        conn,
+        super::events::kind::NODE_STATE,
+        Some(mac),
+        &data,
+        at_ms,
+    )
+    .await
 }
 
 impl Store {
@@ -161,6 +170,9 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        if inserted {
+            self.notify_events();
+        }
         let node = self
             .node(mac)
             .await?
@@ -243,6 +255,7 @@ impl Store {
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;
+        self.notify_events();
         let node = self
             .node(mac)
             .await?
@@ -346,15 +359,18 @@ impl Store {
         .transpose()
     }
 
-    /// Stores the verdict of boot `id`; false if it was attested before (a replay).
+    /// Stores the verdict and report of boot `id`; false if it was attested before (a
+    /// replay).
     pub async fn record_attestation(
         &self,
         id: &str,
         verdict_json: &str,
+        report_json: &str,
     ) -> Result<bool, StoreError> {
-        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ? WHERE id = ? AND attested_at_ms IS NULL")
+        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
             .bind(now_ms())
             .bind(verdict_json)
+            .bind(report_json)
             .bind(id)
             .execute(&self.pool)
             .await?
@@ -455,6 +471,7 @@ impl Store {
             .await?;
         insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
         tx.commit().await?;
+        self.notify_events();
         let node = self
             .node(mac)
             .await?

@@ -3,7 +3,9 @@
 mod auth;
 mod blobs;
 mod bundles;
+mod fake_node;
 mod harness;
+mod lifecycle;
 mod nodes;
 mod process;
 mod publish;

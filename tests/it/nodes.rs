@@ -64,9 +64,11 @@ async fn a_node_is_discovered_assigned_and_boots_its_image_by_digest() {
         Digest::of(&kernel_v1).hex()
     );
     assert!(
-        boot1.contains(&format!(
-            "kernel {kernel_url} initrd=initrd.img console=ttyS0 quiet "
-        )),
+        boot1.contains(&format!("kernel {kernel_url}?boot=")),
+        "{boot1}"
+    );
+    assert!(
+        boot1.contains(" initrd=initrd.img console=ttyS0 quiet "),
         "{boot1}"
     );
     assert!(
@@ -231,23 +233,12 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
         .send()
         .await
         .unwrap();
-    let node_path = format!("/boot/node.ipxe?mac={MAC}");
-    let (_, boot) = script(&server, &node_path).await;
-    let boot_id = field(&boot, "bootfleet.boot=").to_string();
-    let token = field(&boot, "bootfleet.token=").to_string();
-    let cmdline = boot
-        .lines()
-        .find(|l| l.starts_with("kernel "))
-        .unwrap()
-        .split_once(' ')
-        .unwrap()
-        .1
-        .split_once(' ')
-        .unwrap()
-        .1;
-    let cmdline = cmdline
-        .trim_end_matches(" && goto kernel_done ||")
-        .to_string();
+    let fake = crate::fake_node::FakeNode::new(&server, MAC);
+    let boot = fake.boot().await;
+    fake.fetch_all(&boot).await;
+    let boot_id = boot.id.clone();
+    let token = boot.token.clone();
+    let cmdline = boot.cmdline.clone();
     let report = |kernel_release: &str, driver: &str| {
         serde_json::json!({
             "image_digest": image["digest"],
@@ -303,9 +294,10 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
     assert_eq!(r.status(), 409);
 
     // A new boot: the old token has expired; a drifted report fails with named reasons.
-    let (_, boot2) = script(&server, &node_path).await;
-    let boot2_id = field(&boot2, "bootfleet.boot=").to_string();
-    let token2 = field(&boot2, "bootfleet.token=").to_string();
+    let boot2 = fake.boot().await;
+    fake.fetch_all(&boot2).await;
+    let boot2_id = boot2.id.clone();
+    let token2 = boot2.token.clone();
     let r = attest(&token, MAC, &boot_id, good.clone()).await.unwrap();
     assert_eq!(r.status(), 403);
     let mut bad = report("6.1.0-27-cloud-amd64", "535.104.05");

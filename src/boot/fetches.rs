@@ -1,0 +1,162 @@
+//! Attributes blob downloads to the boot that made them. Blob URLs in a boot script carry
+//! `?boot=<id>`; the blob route wraps its body in `Tracked`, which reports, when the body
+//! is done or dropped, how many bytes went out and whether the last one did. Records go
+//! through a bounded queue to one writer task, so a download never waits on the database;
+//! `flush` lets attestation read what was recorded before it judges.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::digest::Digest;
+use crate::store::Store;
+use crate::store::boots::Fetch;
+
+/// Records waiting for the writer; past this, records are dropped and counted (a flood of
+/// downloads with made-up boot ids must not grow memory).
+const QUEUE: usize = 8192;
+
+enum Message {
+    Record(String, Fetch),
+    Flush(oneshot::Sender<()>),
+}
+
+#[derive(Clone)]
+pub struct FetchRecorder {
+    tx: mpsc::Sender<Message>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// A boot id as we issue them: 16 lowercase hex digits. Anything else is not recorded.
+pub fn plausible_boot_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl FetchRecorder {
+    /// Starts the writer task (it ends when every recorder is dropped).
+    pub fn start(store: Store) -> Self {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    Message::Record(boot, fetch) => {
+                        if let Err(e) = store.record_fetch(&boot, &fetch).await {
+                            tracing::warn!(boot, error = %e, "cannot record a blob fetch");
+                        }
+                    }
+                    Message::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
+            }
+        });
+        Self {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn record(&self, boot: String, fetch: Fetch) {
+        if self.tx.try_send(Message::Record(boot, fetch)).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Returns once every record queued before this call is written.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Message::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    /// Records dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Wraps a blob body of `len` bytes so its progress is recorded for `boot`.
+    pub fn track<S>(
+        &self,
+        boot: String,
+        digest: Digest,
+        whole: bool,
+        len: u64,
+        body: S,
+    ) -> Tracked<S> {
+        Tracked {
+            body,
+            recorder: self.clone(),
+            boot,
+            len,
+            fetch: Fetch {
+                digest,
+                started_at_ms: crate::store::now_ms(),
+                finished_at_ms: None,
+                bytes: 0,
+                whole,
+            },
+        }
+    }
+}
+
+/// A blob body that reports its progress when it ends or is dropped.
+pub struct Tracked<S> {
+    body: S,
+    recorder: FetchRecorder,
+    boot: String,
+    /// The body's length: hyper stops polling once Content-Length bytes are out, so the
+    /// end is the last byte, not the stream's end.
+    len: u64,
+    fetch: Fetch,
+}
+
+impl<S> Stream for Tracked<S>
+where
+    S: Stream<Item = std::io::Result<Bytes>> + Unpin,
+{
+    type Item = std::io::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let next = Pin::new(&mut this.body).poll_next(cx);
+        if let Poll::Ready(Some(Ok(chunk))) = &next {
+            this.fetch.bytes += chunk.len() as u64;
+            if this.fetch.bytes >= this.len && this.fetch.finished_at_ms.is_none() {
+                this.fetch.finished_at_ms = Some(crate::store::now_ms());
+            }
+        }
+        next
+    }
+}
+
+impl<S> Drop for Tracked<S> {
+    fn drop(&mut self) {
+        self.recorder
+            .record(std::mem::take(&mut self.boot), self.fetch.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_boot_id_shape_is_recorded() {
+        assert!(plausible_boot_id("0123456789abcdef"));
+        for bad in [
+            "",
+            "0123456789ABCDEF",
+            "0123456789abcde",
+            "../../etc/passwd0",
+            "0123456789abcdeg",
+        ] {
+            assert!(!plausible_boot_id(bad), "{bad}");
+        }
+    }
+}

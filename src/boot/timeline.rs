@@ -1,0 +1,245 @@
+//! A boot as a timeline: script served, kernel and initrds downloaded, attested,
+//! validated, ready; with the time each step took and where the boot stopped. Built
+//! purely from what the store recorded; the service method reads it.
+//!
+//! DHCP and the TFTP boot file are not steps yet: the DHCP server (issue #3) will record
+//! the offer per MAC, and TFTP transfers are known by address, not by MAC.
+
+use serde::{Deserialize, Serialize};
+
+use super::service::{BootError, BootService};
+use crate::digest::Digest;
+use crate::image::canonical::Artifact;
+use crate::image::manifest::Role;
+use crate::node::mac::Mac;
+use crate::store::boots::BootFacts;
+use crate::store::format_ms;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// `script`, `kernel`, `initrd <name>`, `attested`, `validated`.
+    pub step: String,
+    /// When the step ended.
+    pub at: String,
+    /// Time from the end of the previous step to the end of this one.
+    pub took_ms: i64,
+    /// `ok`, or what went wrong.
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub id: String,
+    pub image: Digest,
+    pub at: String,
+    pub steps: Vec<Step>,
+    /// The first step that did not happen or did not pass; None for a boot that reached
+    /// ready.
+    pub stopped_at: Option<String>,
+}
+
+/// The timeline of `boot`, whose image has `artifacts`.
+pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
+    let mut steps = Vec::new();
+    let mut stopped_at = None;
+    let mut last = boot.created_at_ms;
+    let mut push = |steps: &mut Vec<Step>, step: String, at: i64, outcome: String| {
+        steps.push(Step {
+            step,
+            at: format_ms(at),
+            took_ms: at - last,
+            outcome,
+        });
+        last = at;
+    };
+    push(&mut steps, "script".into(), boot.created_at_ms, "ok".into());
+    let delivered = artifacts
+        .iter()
+        .filter(|a| matches!(a.role, Role::Kernel | Role::Initrd));
+    for artifact in delivered {
+        let name = match artifact.role {
+            Role::Kernel => "kernel".to_string(),
+            _ => format!("initrd {}", artifact.path.rsplit('/').next().unwrap_or("")),
+        };
+        let mine: Vec<_> = boot
+            .fetches
+            .iter()
+            .filter(|f| f.digest == artifact.digest)
+            .collect();
+        let bytes: u64 = mine.iter().map(|f| f.bytes).sum();
+        let whole =
+            mine.iter().any(|f| f.whole && f.finished_at_ms.is_some()) || bytes >= artifact.size;
+        let end = mine.iter().filter_map(|f| f.finished_at_ms).max();
+        match (whole, end) {
+            (true, Some(end)) => push(&mut steps, name, end, "ok".into()),
+            _ => {
+                if stopped_at.is_none() {
+                    stopped_at = Some(name.clone());
+                }
+                if let Some(f) = mine.last() {
+                    let at = f.finished_at_ms.unwrap_or(f.started_at_ms);
+                    let outcome = format!("{bytes} of {} bytes", artifact.size);
+                    push(&mut steps, name, at, outcome);
+                }
+            }
+        }
+    }
+    let passed = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .and_then(|v| v.get("passed"))
+            .and_then(|p| p.as_bool())
+            == Some(true)
+    };
+    let judged = [
+        ("attested", boot.attested_at_ms, &boot.verdict),
+        ("validated", boot.validated_at_ms, &boot.validation),
+    ];
+    for (name, at, verdict) in judged {
+        match at {
+            Some(at) => {
+                let ok = passed(verdict);
+                push(
+                    &mut steps,
+                    name.into(),
+                    at,
+                    if ok { "ok".into() } else { "failed".into() },
+                );
+                if !ok && stopped_at.is_none() {
+                    stopped_at = Some(name.into());
+                }
+            }
+            None => {
+                if stopped_at.is_none() {
+                    stopped_at = Some(name.into());
+                }
+            }
+        }
+    }
+    Timeline {
+        id: boot.id.clone(),
+        image: boot.image,
+        at: format_ms(boot.created_at_ms),
+        steps,
+        stopped_at,
+    }
+}
+
+impl BootService {
+    /// The node's last `limit` boots as timelines, newest first.
+    pub async fn timelines(&self, mac: &Mac, limit: i64) -> Result<Vec<Timeline>, BootError> {
+        let boots = self.registry.store.boot_facts(mac, limit).await?;
+        let mut out = Vec::with_capacity(boots.len());
+        for boot in &boots {
+            let artifacts = match self.image(&boot.image).await? {
+                Some(image) => image.record.artifacts.clone(),
+                None => Vec::new(),
+            };
+            out.push(build(boot, &artifacts));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::boots::Fetch;
+
+    fn artifacts() -> Vec<Artifact> {
+        vec![
+            Artifact {
+                role: Role::Kernel,
+                path: "vmlinuz".into(),
+                digest: Digest::of(b"k"),
+                size: 100,
+            },
+            Artifact {
+                role: Role::Initrd,
+                path: "boot/initrd.img".into(),
+                digest: Digest::of(b"i"),
+                size: 50,
+            },
+        ]
+    }
+
+    fn boot() -> BootFacts {
+        BootFacts {
+            id: "b1".into(),
+            image: Digest::of(b"image"),
+            created_at_ms: 1000,
+            attested_at_ms: None,
+            verdict: None,
+            report: None,
+            validated_at_ms: None,
+            validation: None,
+            fetches: vec![],
+        }
+    }
+
+    fn fetch(what: &[u8], start: i64, end: Option<i64>, bytes: u64, whole: bool) -> Fetch {
+        Fetch {
+            digest: Digest::of(what),
+            started_at_ms: start,
+            finished_at_ms: end,
+            bytes,
+            whole,
+        }
+    }
+
+    fn names(t: &Timeline) -> Vec<(&str, i64, &str)> {
+        t.steps
+            .iter()
+            .map(|s| (s.step.as_str(), s.took_ms, s.outcome.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_boot_that_reached_ready_has_every_step_and_its_time() {
+        let mut b = boot();
+        b.fetches = vec![
+            fetch(b"k", 1100, Some(1300), 100, true),
+            // The initrd download broke and resumed with a range.
+            fetch(b"i", 1300, None, 20, true),
+            fetch(b"i", 1350, Some(1400), 30, false),
+        ];
+        b.attested_at_ms = Some(5000);
+        b.verdict = Some(serde_json::json!({ "passed": true }));
+        b.validated_at_ms = Some(9000);
+        b.validation = Some(serde_json::json!({ "passed": true }));
+        let t = build(&b, &artifacts());
+        assert_eq!(
+            names(&t),
+            [
+                ("script", 0, "ok"),
+                ("kernel", 300, "ok"),
+                ("initrd initrd.img", 100, "ok"),
+                ("attested", 3600, "ok"),
+                ("validated", 4000, "ok"),
+            ]
+        );
+        assert_eq!(t.stopped_at, None);
+    }
+
+    #[test]
+    fn the_timeline_says_where_a_boot_stopped() {
+        let mut b = boot();
+        b.fetches = vec![
+            fetch(b"k", 1100, Some(1300), 100, true),
+            fetch(b"i", 1300, None, 20, true),
+        ];
+        let t = build(&b, &artifacts());
+        assert_eq!(t.stopped_at.as_deref(), Some("initrd initrd.img"));
+        assert_eq!(t.steps[2].outcome, "20 of 50 bytes");
+
+        let mut b = boot();
+        b.fetches = vec![
+            fetch(b"k", 1100, Some(1300), 100, true),
+            fetch(b"i", 1300, Some(1400), 50, true),
+        ];
+        b.attested_at_ms = Some(5000);
+        b.verdict = Some(serde_json::json!({ "passed": false }));
+        let t = build(&b, &artifacts());
+        assert_eq!(t.stopped_at.as_deref(), Some("attested"));
+        assert_eq!(t.steps.last().unwrap().outcome, "failed");
+    }
+}

@@ -1,0 +1,150 @@
+//! Drift judgement, pure: does what a ready node reports now differ from what it attested
+//! and validated (kernel, command line, versions, modules, GPU inventory)? Each difference
+//! is named, so the drifted state says what changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// What the agent reports with each heartbeat (all optional: an agent may send less).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub kernel_release: Option<String>,
+    pub cmdline: Option<String>,
+    /// Versions by pin name (`nvidia-driver`, `ofed`...).
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
+    /// Loaded kernel modules and their versions (`nvidia` -> `550.127.05`).
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
+    /// UUIDs of the GPUs visible now; None when not reported.
+    pub gpus: Option<Vec<String>>,
+}
+
+/// What the node was at attestation and validation.
+#[derive(Debug, Clone, Default)]
+pub struct Baseline {
+    pub kernel_release: String,
+    pub cmdline: String,
+    pub versions: BTreeMap<String, String>,
+    pub modules: BTreeMap<String, String>,
+    /// GPU UUIDs validated; None when the boot was not validated.
+    pub gpus: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    pub field: String,
+    pub was: String,
+    pub now: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: was {}, now {}", self.field, self.was, self.now)
+    }
+}
+
+/// Differences between `facts` and `baseline`, for what `facts` reports. A version or
+/// module that was there and is gone counts; one never seen before counts too.
+pub fn compare(baseline: &Baseline, facts: &NodeFacts) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let mut diff = |field: String, was: &str, now: &str| {
+        if was != now {
+            out.push(Difference {
+                field,
+                was: was.into(),
+                now: now.into(),
+            })
+        }
+    };
+    if let Some(k) = &facts.kernel_release {
+        diff("kernel_release".into(), &baseline.kernel_release, k);
+    }
+    if let Some(c) = &facts.cmdline {
+        diff("cmdline".into(), baseline.cmdline.trim(), c.trim());
+    }
+    let absent = "(absent)";
+    let maps = [
+        ("versions", &baseline.versions, &facts.versions),
+        ("modules", &baseline.modules, &facts.modules),
+    ];
+    for (name, was, now) in maps {
+        if now.is_empty() {
+            continue; // not reported this time
+        }
+        let keys: BTreeSet<&String> = was.keys().chain(now.keys()).collect();
+        for k in keys {
+            diff(
+                format!("{name}.{k}"),
+                was.get(k).map_or(absent, String::as_str),
+                now.get(k).map_or(absent, String::as_str),
+            );
+        }
+    }
+    if let (Some(was), Some(now)) = (&baseline.gpus, &facts.gpus) {
+        let was: BTreeSet<&String> = was.iter().collect();
+        let now: BTreeSet<&String> = now.iter().collect();
+        for gone in was.difference(&now) {
+            diff("gpus".into(), gone, absent);
+        }
+        for new in now.difference(&was) {
+            diff("gpus".into(), absent, new);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn baseline() -> Baseline {
+        Baseline {
+            kernel_release: "6.1.0-28-cloud-amd64".into(),
+            cmdline: "console=ttyS0 bootfleet.boot=b1".into(),
+            versions: BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
+            modules: BTreeMap::from([("nvidia".into(), "550.127.05".into())]),
+            gpus: Some(vec!["GPU-a".into(), "GPU-b".into()]),
+        }
+    }
+
+    fn same() -> NodeFacts {
+        NodeFacts {
+            kernel_release: Some("6.1.0-28-cloud-amd64".into()),
+            cmdline: Some("console=ttyS0 bootfleet.boot=b1\n".into()),
+            versions: BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
+            modules: BTreeMap::from([("nvidia".into(), "550.127.05".into())]),
+            gpus: Some(vec!["GPU-b".into(), "GPU-a".into()]),
+        }
+    }
+
+    #[test]
+    fn unchanged_or_unreported_facts_are_no_drift() {
+        assert_eq!(compare(&baseline(), &same()), vec![]);
+        assert_eq!(compare(&baseline(), &NodeFacts::default()), vec![]);
+    }
+
+    #[test]
+    fn every_change_is_named() {
+        let mut f = same();
+        f.versions
+            .insert("nvidia-driver".into(), "535.104.05".into());
+        f.modules.remove("nvidia");
+        f.modules.insert("nouveau".into(), "1".into());
+        f.gpus = Some(vec!["GPU-a".into()]);
+        let d: Vec<String> = compare(&baseline(), &f)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            d,
+            [
+                "versions.nvidia-driver: was 550.127.05, now 535.104.05",
+                "modules.nouveau: was (absent), now 1",
+                "modules.nvidia: was 550.127.05, now (absent)",
+                "gpus: was GPU-b, now (absent)",
+            ]
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! SQL for what happens within a boot: artifact fetches attributed to it, the attested
+//! report, the validation verdict, and what the timeline and drift checks read back.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreError, now_ms, parse_digest};
+use crate::digest::Digest;
+use crate::node::mac::Mac;
+use crate::node::state::NodeState;
+
+/// One response that sent (part of) a blob for a boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetch {
+    pub digest: Digest,
+    pub started_at_ms: i64,
+    /// None: the connection ended before the last byte.
+    pub finished_at_ms: Option<i64>,
+    pub bytes: u64,
+    /// The whole blob in one response (not a range).
+    pub whole: bool,
+}
+
+/// A boot with everything recorded about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BootFacts {
+    pub id: String,
+    pub image: Digest,
+    pub created_at_ms: i64,
+    pub attested_at_ms: Option<i64>,
+    pub verdict: Option<serde_json::Value>,
+    pub report: Option<serde_json::Value>,
+    pub validated_at_ms: Option<i64>,
+    pub validation: Option<serde_json::Value>,
+    pub fetches: Vec<Fetch>,
+}
+
+type BootRow = (
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// `SELECT` of the boot columns `BootRow` holds; static SQL.
+macro_rules! select_boots {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, image_digest, created_at_ms, attested_at_ms, verdict, report, validated_at_ms, validation FROM boots ",
+            $rest
+        )
+    };
+}
+
+fn json(column: &str, text: Option<String>) -> Result<Option<serde_json::Value>, StoreError> {
+    text.map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("boots.{column}: {e}")))
+}
+
+impl Store {
+    /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
+    /// with a made-up boot id writes nothing.
+    pub async fn record_fetch(&self, boot_id: &str, fetch: &Fetch) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO boot_fetches (boot_id, digest, started_at_ms, finished_at_ms, bytes, whole)
+             SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM boots WHERE id = ?)",
+        )
+        .bind(boot_id)
+        .bind(fetch.digest.to_string())
+        .bind(fetch.started_at_ms)
+        .bind(fetch.finished_at_ms)
+        .bind(fetch.bytes as i64)
+        .bind(fetch.whole)
+        .bind(boot_id)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    pub async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
+        let rows: Vec<(String, i64, Option<i64>, i64, bool)> = sqlx::query_as(
+            "SELECT digest, started_at_ms, finished_at_ms, bytes, whole FROM boot_fetches WHERE boot_id = ? ORDER BY id",
+        )
+        .bind(boot_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(digest, started, finished, bytes, whole)| {
+                Ok(Fetch {
+                    digest: parse_digest(&digest)?,
+                    started_at_ms: started,
+                    finished_at_ms: finished,
+                    bytes: bytes.max(0) as u64,
+                    whole,
+                })
+            })
+            .collect()
+    }
+
+    /// The node's last `limit` boots, newest first, with their fetches.
+    pub async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
+        let rows: Vec<BootRow> = sqlx::query_as(select_boots!(
+            "WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT ?"
+        ))
+        .bind(mac.to_string())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(self.facts_from_row(row).await?);
+        }
+        Ok(out)
+    }
+
+    /// One boot's facts, by id.
+    pub async fn boot_by_id(&self, id: &str) -> Result<Option<BootFacts>, StoreError> {
+        let row: Option<BootRow> = sqlx::query_as(select_boots!("WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            Some(row) => Ok(Some(self.facts_from_row(row).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn facts_from_row(&self, row: BootRow) -> Result<BootFacts, StoreError> {
+        let (id, image, created, attested, verdict, report, validated, validation) = row;
+        Ok(BootFacts {
+            image: parse_digest(&image)?,
+            created_at_ms: created,
+            attested_at_ms: attested,
+            verdict: json("verdict", verdict)?,
+            report: json("report", report)?,
+            validated_at_ms: validated,
+            validation: json("validation", validation)?,
+            fetches: self.fetches(&id).await?,
+            id,
+        })
+    }
+
+    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
+    pub async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
+            .bind(now_ms())
+            .bind(verdict_json)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Asks for revalidation; false when the node is unknown.
+    pub async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Clears a pending revalidation request; true if there was one (answered once).
+    pub async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE nodes SET revalidate_requested = 0 WHERE mac = ? AND revalidate_requested = 1",
+        )
+        .bind(mac.to_string())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    /// Nodes and when we last heard from them: the later of their last heartbeat and
+    /// their last state change (a new boot must not inherit an old boot's silence).
+    pub async fn last_seen(&self) -> Result<Vec<(Mac, NodeState, i64)>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT mac, state, MAX(COALESCE(last_heartbeat_ms, 0), updated_at_ms) FROM nodes
+             WHERE state NOT IN ('discovered', 'unreachable', 'quarantined')",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(mac, state, seen)| {
+                Ok((
+                    mac.parse().map_err(|e: crate::node::mac::MacError| {
+                        StoreError::Corrupt(e.to_string())
+                    })?,
+                    NodeState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+                    seen,
+                ))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,142 @@
+//! SQL for the event log (ordered by `seq`) and webhook delivery cursors. Events are
+//! written in the transaction of what they report, so the log never misses a transition
+//! and never shows one that was rolled back.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Store, StoreError, format_ms, now_ms};
+use crate::node::mac::Mac;
+
+/// Event kinds, as stored and as sent.
+pub mod kind {
+    /// A node changed state: `{from, to, reason}`.
+    pub const NODE_STATE: &str = "node.state";
+    /// An agent report (attestation, heartbeat, validation) was refused: `{route, boot, reason}`.
+    pub const REPORT_REFUSED: &str = "report.refused";
+    /// A reimage request was refused by the disruption budget: `{reason}`.
+    pub const REIMAGE_REFUSED: &str = "reimage.refused";
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: i64,
+    pub at: String,
+    pub kind: String,
+    /// The node concerned; for a refused report, the node the caller claimed to be.
+    pub node: Option<Mac>,
+    pub data: serde_json::Value,
+}
+
+pub(crate) async fn insert_event(
+    conn: &mut sqlx::SqliteConnection,
+    kind: &str,
+    mac: Option<&Mac>,
+    data: &serde_json::Value,
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (at_ms, kind, mac, data) VALUES (?, ?, ?, ?)")
+        .bind(at_ms)
+        .bind(kind)
+        .bind(mac.map(|m| m.to_string()))
+        .bind(data.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+type EventRow = (i64, i64, String, Option<String>, String);
+
+fn event_from_row((seq, at, kind, mac, data): EventRow) -> Result<Event, StoreError> {
+    Ok(Event {
+        seq,
+        at: format_ms(at),
+        kind,
+        node: mac
+            .map(|m| m.parse())
+            .transpose()
+            .map_err(|e: crate::node::mac::MacError| StoreError::Corrupt(e.to_string()))?,
+        data: serde_json::from_str(&data)
+            .map_err(|e| StoreError::Corrupt(format!("event {seq}: {e}")))?,
+    })
+}
+
+impl Store {
+    /// Records one event on its own (a refusal: nothing else is written with it).
+    pub async fn record_event(
+        &self,
+        kind: &str,
+        mac: Option<&Mac>,
+        data: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        insert_event(&mut conn, kind, mac, data, now_ms()).await?;
+        self.notify_events();
+        Ok(())
+    }
+
+    /// Events after `since`, oldest first, at most `limit`; only `mac`'s when given.
+    pub async fn events_since(
+        &self,
+        since: i64,
+        limit: i64,
+        mac: Option<&Mac>,
+    ) -> Result<Vec<Event>, StoreError> {
+        let rows: Vec<EventRow> = match mac {
+            Some(mac) => sqlx::query_as(
+                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > ? AND mac = ? ORDER BY seq LIMIT ?",
+            )
+            .bind(since)
+            .bind(mac.to_string())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?,
+            None => sqlx::query_as(
+                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            )
+            .bind(since)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?,
+        };
+        rows.into_iter().map(event_from_row).collect()
+    }
+
+    /// The newest event's seq (0 when there is none).
+    pub async fn events_head(&self) -> Result<i64, StoreError> {
+        let (head,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(head.unwrap_or(0))
+    }
+
+    pub async fn webhook_cursor(&self, url: &str) -> Result<Option<i64>, StoreError> {
+        let row: Option<(i64,)> = sqlx::query_as("SELECT seq FROM webhook_cursors WHERE url = ?")
+            .bind(url)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.0))
+    }
+
+    pub async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_cursors (url, seq) VALUES (?, ?)
+             ON CONFLICT (url) DO UPDATE SET seq = excluded.seq",
+        )
+        .bind(url)
+        .bind(seq)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Wakes SSE streams and webhook senders; call after committing events.
+    pub(crate) fn notify_events(&self) {
+        self.events_written.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever this process commits events. Other servers sharing the database
+    /// are not seen here: readers also poll.
+    pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_written.subscribe()
+    }
+}

@@ -1,0 +1,575 @@
+//! Whole lifecycles driven by a fake node and agent: discovery to ready, drift to reimage
+//! to ready on a new digest, silence to unreachable and back, failed validation, refused
+//! reports; and what watchers see: the events API, the SSE stream, signed webhooks, and
+//! the boot timeline.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::fake_node::{FakeNode, gpus};
+use crate::harness::*;
+
+async fn publish_tagged(server: &TestServer, version: &str, seed: u64) -> Value {
+    let (status, image) = server
+        .publish_query(
+            good_bundle("demo", version, &noise(30_000, seed)),
+            "?tag=demo:stable",
+        )
+        .await;
+    assert_eq!(status, 201, "{image}");
+    image
+}
+
+async fn assign(server: &TestServer, mac: &str, image: &str) {
+    let r = server
+        .put(&format!("/api/v1/nodes/{mac}/image"))
+        .json(&json!({ "image": image }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn label(server: &TestServer, mac: &str, key: &str, value: &str) {
+    let r = server
+        .http
+        .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
+        .bearer_auth(&server.token)
+        .json(&json!({ "set": { key: value } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn events(server: &TestServer, query: &str) -> Vec<Value> {
+    let (status, page) = server.json(&format!("/api/v1/events{query}")).await;
+    assert_eq!(status, 200, "{page}");
+    page["events"].as_array().unwrap().clone()
+}
+
+/// The `to` of every node.state event, in order.
+fn transitions(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["kind"] == "node.state")
+        .map(|e| e["data"]["to"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Reads server-sent events until `until` holds for one; returns all read.
+async fn read_sse(response: reqwest::Response, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut got = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            while let Some(end) = text.find("\n\n") {
+                let frame: String = text.drain(..end + 2).collect();
+                let data: Option<Value> = frame
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .map(|d| serde_json::from_str(d).unwrap());
+                let id = frame.lines().find_map(|l| l.strip_prefix("id: "));
+                if let Some(event) = data {
+                    assert_eq!(id, Some(event["seq"].to_string().as_str()), "{frame}");
+                    let done = until(&event);
+                    got.push(event);
+                    if done {
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("the stream ended early");
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the awaited event came within 20 s");
+    got
+}
+
+#[tokio::test]
+async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
+    let server = TestServer::start().await;
+    let stream = server
+        .get("/api/v1/events/stream?since=0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+
+    let image = publish_tagged(&server, "1", 1).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-01");
+    assert!(node.script().await.contains("new to bootfleet"));
+    assert_eq!(node.state().await, "discovered");
+    assign(&server, &node.mac, "demo:stable").await;
+    let boot = node.boot_to_ready(&image).await;
+
+    // Same facts as attested: no drift, nothing to do.
+    let facts = json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boot.cmdline,
+        "versions": { "nvidia-driver": "550.127.05" }, "modules": { "nvidia": "550.127.05" },
+        "gpus": (0..8).map(|i| format!("GPU-{i:08x}")).collect::<Vec<_>>() });
+    let (status, answer) = node.heartbeat(&boot, Some(facts)).await;
+    assert_eq!((status, &answer), (200, &json!({ "action": "none" })));
+
+    let all = events(&server, "?since=0").await;
+    assert_eq!(
+        transitions(&all),
+        [
+            "discovered",
+            "provisioning",
+            "booted",
+            "validating",
+            "ready"
+        ]
+    );
+    let seqs: Vec<i64> = all.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert!(all.iter().all(|e| e["node"] == node.colons().as_str()));
+    // Paging and filtering.
+    let page = events(&server, &format!("?since={}&limit=2", seqs[1])).await;
+    assert_eq!(transitions(&page), ["booted", "validating"]);
+    assert!(events(&server, "?node=52-54-00-99-99-99").await.is_empty());
+    assert_eq!(server.json("/api/v1/events?limit=0").await.0, 400);
+    assert_eq!(server.json("/api/v1/events?node=nonsense").await.0, 400);
+
+    // The stream saw the same, live.
+    let streamed = read_sse(stream, |e| e["data"]["to"] == "ready").await;
+    assert_eq!(transitions(&streamed), transitions(&all));
+    // A reconnect resumes after Last-Event-ID.
+    let resumed = server
+        .get("/api/v1/events/stream")
+        .header("last-event-id", seqs[2].to_string())
+        .send()
+        .await
+        .unwrap();
+    let rest = read_sse(resumed, |e| e["data"]["to"] == "ready").await;
+    assert_eq!(transitions(&rest), ["validating", "ready"]);
+    let r = server
+        .get("/api/v1/events/stream")
+        .header("last-event-id", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // The boot as a timeline, by API and by CLI.
+    assert!(boot.kernel_line().contains(&format!("?boot={} ", boot.id)));
+    let detail = node.node().await;
+    let timeline = &detail["boots"][0];
+    assert_eq!(timeline["id"], boot.id.as_str());
+    let steps: Vec<&str> = timeline["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "script",
+            "kernel",
+            "initrd initrd.img",
+            "attested",
+            "validated"
+        ]
+    );
+    assert_eq!(timeline["stopped_at"], Value::Null);
+    // tokio's Command: a blocking wait would stall the in-process server it talks to.
+    let out = tokio::process::Command::new(bin())
+        .args(["node", "show", &node.mac, "--server", &server.url("")])
+        .env("BOOTFLEET_TOKEN", &server.token)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("reached ready"), "{text}");
+    assert!(text.contains("initrd initrd.img"), "{text}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
+    use bootfleet::node::policy::DriftAction;
+    let server = TestServer::start_configured(|cfg| {
+        cfg.lifecycle
+            .drift_by_label
+            .insert("pool=batch".into(), DriftAction::Reimage);
+    })
+    .await;
+    let v1 = publish_tagged(&server, "1", 2).await;
+    let batch = FakeNode::new(&server, "52-54-00-10-00-02");
+    let training = FakeNode::new(&server, "52-54-00-10-00-03");
+    for n in [&batch, &training] {
+        assign(&server, &n.mac, "demo:stable").await;
+    }
+    label(&server, &batch.mac, "pool", "batch").await;
+    let b1 = batch.boot_to_ready(&v1).await;
+    let t1 = training.boot_to_ready(&v1).await;
+
+    // A new version is tagged; then both nodes report another driver and a lost GPU.
+    let v2 = publish_tagged(&server, "2", 3).await;
+    let drifted = |boot: &crate::fake_node::Boot| {
+        json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boot.cmdline,
+            "versions": { "nvidia-driver": "535.104.05" },
+            "gpus": (0..7).map(|i| format!("GPU-{i:08x}")).collect::<Vec<_>>() })
+    };
+    // Flag only (the default): drifted, with the differences named; nothing to do.
+    let (status, answer) = training.heartbeat(&t1, Some(drifted(&t1))).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["action"], "none");
+    let fields: Vec<&str> = answer["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["versions.nvidia-driver", "gpus"]);
+    let node = training.node().await;
+    assert_eq!(node["state"], "drifted");
+    let reason = node["state_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("versions.nvidia-driver: was 550.127.05, now 535.104.05")
+            && reason.contains("gpus: was GPU-00000007, now (absent)"),
+        "{reason}"
+    );
+
+    // pool=batch reimages: drifted, then reimaging; the answer is "reboot".
+    let (_, answer) = batch.heartbeat(&b1, Some(drifted(&b1))).await;
+    assert_eq!(answer["action"], "reboot", "{answer}");
+    assert_eq!(batch.state().await, "reimaging");
+    // It reboots, boots the newly tagged image, and is ready again.
+    let b2 = batch.boot_to_ready(&v2).await;
+    let node = batch.node().await;
+    assert_eq!(node["boots"][0]["id"], b2.id.as_str());
+    assert_eq!(node["boots"][0]["image"], v2["digest"]);
+    let tos: Vec<&str> = node["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tos,
+        [
+            "discovered",
+            "provisioning",
+            "booted",
+            "validating",
+            "ready",
+            "drifted",
+            "reimaging",
+            "provisioning",
+            "booted",
+            "validating",
+            "ready"
+        ]
+    );
+    // The first boot's token died with it.
+    assert_eq!(batch.heartbeat(&b1, None).await.0, 403);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn attestation_compares_what_this_boot_actually_fetched() {
+    let server = TestServer::start().await;
+    let image = publish_tagged(&server, "1", 4).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-04");
+    assign(&server, &node.mac, "demo:stable").await;
+    let boot = node.boot().await;
+    // The kernel only in part (a broken download), the initrd not at all; a made-up boot
+    // id is served but recorded nowhere.
+    let r = server
+        .http
+        .get(&boot.urls[0])
+        .header("range", "bytes=0-99")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    r.bytes().await.unwrap();
+    let bogus = boot.urls[1].replace(&boot.id, "0000000000000000");
+    assert_eq!(reqwest::get(&bogus).await.unwrap().status(), 200);
+    let artifacts = [
+        bootfleet::digest::Digest::of(&noise(30_000, 4)),
+        bootfleet::digest::Digest::of(b"initrd bytes"),
+    ];
+    let (status, verdict) = node
+        .attest(&boot, node.report(&boot, &image, &artifacts))
+        .await;
+    assert_eq!(status, 200);
+    let found: Vec<(&str, &str)> = verdict["mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["field"].as_str().unwrap(), m["found"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("fetched.vmlinuz", "100 of 30000 bytes fetched by this boot"),
+            ("fetched.initrd.img", "never fetched by this boot")
+        ]
+    );
+    let detail = node.node().await;
+    assert_eq!(detail["state"], "attestation-failed");
+    assert_eq!(detail["boots"][0]["stopped_at"], "kernel");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_node_becomes_unreachable_and_is_revalidated_when_back() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.lifecycle.heartbeat_timeout_secs = 1;
+    })
+    .await;
+    let image = publish_tagged(&server, "1", 5).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-05");
+    assign(&server, &node.mac, "demo:stable").await;
+    let boot = node.boot_to_ready(&image).await;
+    let mut waited = 0;
+    while node.state().await != "unreachable" {
+        waited += 1;
+        assert!(waited < 100, "still {} after 10 s", node.state().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reason = node.node().await["state_reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("silent for") && reason.contains("while ready"),
+        "{reason}"
+    );
+
+    // It speaks again: revalidate before ready.
+    let (_, answer) = node.heartbeat(&boot, None).await;
+    assert_eq!(answer["action"], "revalidate");
+    assert_eq!(node.state().await, "validating");
+    let (_, verdict) = node.validate(&boot, json!({ "gpus": gpus(8) })).await;
+    assert_eq!(verdict["passed"], true);
+    assert_eq!(node.state().await, "ready");
+
+    // An admin asks for revalidation: the next heartbeat (only) says so.
+    let r = server
+        .post(&format!("/api/v1/nodes/{}/revalidate", node.mac))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    assert_eq!(node.heartbeat(&boot, None).await.1["action"], "revalidate");
+    assert_eq!(node.heartbeat(&boot, None).await.1["action"], "none");
+    let r = server
+        .post("/api/v1/nodes/52-54-00-99-99-99/revalidate")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn failed_validation_is_named_and_never_ready() {
+    let server = TestServer::start().await;
+    let image = publish_tagged(&server, "1", 6).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-06");
+    assign(&server, &node.mac, "demo:stable").await;
+    let boot = node.boot().await;
+    // Validation before attestation is refused.
+    let (status, _) = node.validate(&boot, json!({ "gpus": gpus(8) })).await;
+    assert_eq!(status, 409);
+    let artifacts = node.fetch_all(&boot).await;
+    node.attest(&boot, node.report(&boot, &image, &artifacts))
+        .await;
+    let no_gpu = json!({ "nvml_error": "NVML unavailable: libnvidia-ml.so.1: cannot open shared object file", "gpus": [] });
+    let (status, verdict) = node.validate(&boot, no_gpu).await;
+    assert_eq!(status, 200);
+    assert_eq!(verdict["passed"], false);
+    let detail = node.node().await;
+    assert_eq!(detail["state"], "validation-failed");
+    let reason = detail["state_reason"].as_str().unwrap();
+    assert!(reason.contains("expected 8 GPUs, found 0"), "{reason}");
+    assert_eq!(detail["boots"][0]["stopped_at"], "validated");
+    // One GPU with an NVML error among eight: still not ready, the GPU named.
+    let mut eight = gpus(8);
+    eight[3]["error"] = json!("Unknown Error");
+    let (_, verdict) = node.validate(&boot, json!({ "gpus": eight })).await;
+    assert_eq!(verdict["failures"][0]["gpu"], 3, "{verdict}");
+    assert_eq!(node.state().await, "validation-failed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn refused_reports_and_reimages_are_events() {
+    use bootfleet::store::nodes::DisruptionBudget;
+    let server = TestServer::start_configured(|cfg| {
+        cfg.budget = DisruptionBudget {
+            max_total: 1,
+            group_label: None,
+            max_per_group: 1,
+        };
+    })
+    .await;
+    publish_tagged(&server, "1", 7).await;
+    let a = FakeNode::new(&server, "52-54-00-10-00-07");
+    let b = FakeNode::new(&server, "52-54-00-10-00-08");
+    for n in [&a, &b] {
+        assign(&server, &n.mac, "demo:stable").await;
+    }
+    let boot_a = a.boot().await;
+    let mut forged = boot_a.clone();
+    forged.token = "f".repeat(64);
+    assert_eq!(a.heartbeat(&forged, None).await.0, 403);
+    // b claims a's boot.
+    assert_eq!(b.heartbeat(&boot_a, None).await.0, 403);
+    for n in [&a, &b] {
+        let r = server
+            .post(&format!("/api/v1/nodes/{}/reimage", n.mac))
+            .json(&json!({ "reason": "test" }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status() == 202 || r.status() == 429);
+    }
+    let all = events(&server, "?since=0").await;
+    let refused: Vec<(String, String)> = all
+        .iter()
+        .filter(|e| e["kind"] != "node.state")
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_string(),
+                e["node"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            ("report.refused".to_string(), a.colons()),
+            ("report.refused".to_string(), b.colons()),
+            ("reimage.refused".to_string(), b.colons()),
+        ]
+    );
+    let claimed = all
+        .iter()
+        .find(|e| e["kind"] == "report.refused" && e["node"] == b.colons().as_str())
+        .unwrap();
+    assert!(
+        claimed["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("belongs to 52:54:00:10:00:07"),
+        "{claimed}"
+    );
+    server.stop().await;
+}
+
+/// (signature header, body) of one webhook request.
+type Delivery = (String, Vec<u8>);
+
+#[derive(Clone, Default)]
+struct Receiver {
+    /// Every request, failed or not.
+    got: Arc<Mutex<Vec<Delivery>>>,
+    fail_first: Arc<Mutex<usize>>,
+}
+
+async fn receive(
+    axum::extract::State(rx): axum::extract::State<Receiver>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::http::StatusCode {
+    let signature = headers
+        .get(bootfleet::webhook::SIGNATURE_HEADER)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    rx.got.lock().unwrap().push((signature, body.to_vec()));
+    let mut fail = rx.fail_first.lock().unwrap();
+    if *fail > 0 {
+        *fail -= 1;
+        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+    }
+    axum::http::StatusCode::NO_CONTENT
+}
+
+#[tokio::test]
+async fn webhooks_get_every_event_in_order_signed_and_retried() {
+    let receiver = Receiver {
+        fail_first: Arc::new(Mutex::new(2)),
+        ..Default::default()
+    };
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let secrets = tempfile::tempdir().unwrap();
+    let secret_file = secrets.path().join("hook.secret");
+    std::fs::write(&secret_file, "s3cret-s3cret-s3cret\n").unwrap();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.webhooks = vec![bootfleet::webhook::WebhookConfig {
+            url: hook_url.clone(),
+            secret_file: secret_file.clone(),
+        }];
+    })
+    .await;
+    let image = publish_tagged(&server, "1", 8).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-09");
+    assign(&server, &node.mac, "demo:stable").await;
+    node.boot_to_ready(&image).await;
+
+    let delivered = || -> Vec<Value> {
+        let got = receiver.got.lock().unwrap();
+        let mut seen = Vec::<Value>::new();
+        // Skip the failed attempts: the receiver answered 503 to the first two.
+        for (signature, body) in got.iter().skip(2) {
+            assert!(
+                bootfleet::webhook::verify(b"s3cret-s3cret-s3cret", signature, body).is_some(),
+                "bad signature {signature}"
+            );
+            let batch: Value = serde_json::from_slice(body).unwrap();
+            for e in batch["events"].as_array().unwrap() {
+                if !seen.iter().any(|s| s["seq"] == e["seq"]) {
+                    seen.push(e.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut waited = 0;
+    while !transitions(&delivered()).contains(&"ready".to_string()) {
+        waited += 1;
+        assert!(waited < 300, "not delivered in 30 s: {:?}", delivered());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = delivered();
+    assert_eq!(
+        transitions(&seen),
+        [
+            "discovered",
+            "provisioning",
+            "booted",
+            "validating",
+            "ready"
+        ],
+        "in order, none lost"
+    );
+    let seqs: Vec<i64> = seen.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // The failed attempts are retried from the same first event (the batch may have grown
+    // meanwhile).
+    let got = receiver.got.lock().unwrap().clone();
+    let first_seq =
+        |body: &[u8]| serde_json::from_slice::<Value>(body).unwrap()["events"][0]["seq"].clone();
+    assert_eq!(first_seq(&got[0].1), first_seq(&got[1].1));
+    assert_eq!(first_seq(&got[0].1), first_seq(&got[2].1));
+    server.stop().await;
+}
