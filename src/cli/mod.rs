@@ -49,7 +49,7 @@ pub enum Command {
     /// Publish, inspect, tag, verify and garbage-collect images.
     #[command(subcommand)]
     Image(image::ImageCommand),
-    /// List, show, assign and label nodes.
+    /// List, show, assign, label, reimage and revalidate nodes; their history and events.
     #[command(subcommand)]
     Node(node::NodeCommand),
     /// Load generators for the benchmarks (BENCHMARKS.md).

@@ -1,4 +1,5 @@
-//! `bootfleet node ...`: list, show, assign, label and history of nodes.
+//! `bootfleet node ...`: list, show, assign, label, history, events, reimage and
+//! revalidate nodes.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +31,15 @@ pub enum NodeCommand {
     },
     /// The node's state changes, oldest first, with reasons.
     History { node: String },
+    /// The node's events (transitions, refused reports), oldest first.
+    Events {
+        node: String,
+        /// Only events after this seq.
+        #[arg(long, default_value_t = 0)]
+        since: i64,
+    },
+    /// Ask the node's agent to validate again (GPUs, checks): its next heartbeat says so.
+    Revalidate { node: String },
     /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
     /// disruption budget (retry later); the same --idempotency-key gets the first answer.
     Reimage {
@@ -179,6 +189,48 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                     a["outcome"].as_str().unwrap_or("?"),
                     a["node"]["state_reason"].as_str().unwrap_or("")
                 );
+            })
+        }
+        NodeCommand::Events { node, since } => {
+            let page: serde_json::Value = client
+                .send(client.request(
+                    Method::GET,
+                    &format!(
+                        "/api/v1/events?node={}&since={since}&limit=1000",
+                        mac(&node)?
+                    ),
+                ))
+                .await?;
+            emit(out, &page, |page| {
+                for e in page["events"].as_array().into_iter().flatten() {
+                    let data = &e["data"];
+                    let what = match (data["from"].as_str(), data["to"].as_str()) {
+                        (from, Some(to)) => format!("{} -> {to}", from.unwrap_or("(new)")),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "{:>6}  {}  {:<16} {what}  {}",
+                        e["seq"],
+                        e["at"].as_str().unwrap_or(""),
+                        e["kind"].as_str().unwrap_or(""),
+                        data["reason"].as_str().unwrap_or("")
+                    );
+                }
+            })
+        }
+        NodeCommand::Revalidate { node } => {
+            let answer: serde_json::Value = client
+                .send(client.request(
+                    Method::POST,
+                    &format!("/api/v1/nodes/{}/revalidate", mac(&node)?),
+                ))
+                .await?;
+            emit(out, &answer, |a| {
+                println!(
+                    "{}: {}",
+                    a["node"].as_str().unwrap_or("?"),
+                    a["outcome"].as_str().unwrap_or("?")
+                )
             })
         }
         NodeCommand::History { node } => {

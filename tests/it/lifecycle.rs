@@ -192,6 +192,19 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("reached ready"), "{text}");
     assert!(text.contains("initrd initrd.img"), "{text}");
+    let out = tokio::process::Command::new(bin())
+        .args(["node", "events", &node.mac, "--output", "json"])
+        .args(["--server", &server.url("")])
+        .env("BOOTFLEET_TOKEN", &server.token)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        transitions(page["events"].as_array().unwrap()),
+        transitions(&all)
+    );
     server.stop().await;
 }
 
