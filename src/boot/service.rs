@@ -126,20 +126,18 @@ impl BootService {
             }
         };
         let token = random_hex(32);
-        store
-            .open_boot(
-                &boot_id,
-                mac,
-                &image.digest,
-                &Digest::from_hasher(Sha256::new_with_prefix(token.as_bytes())),
-            )
-            .await?;
+        let token_sha256 = Digest::from_hasher(Sha256::new_with_prefix(token.as_bytes()));
         let reason = format!(
             "boot {boot_id}: {}:{} {}",
             image.name, image.version, image.digest
         );
+        let boot = crate::store::nodes::NewBoot {
+            id: &boot_id,
+            image: &image.digest,
+            token_sha256: &token_sha256,
+        };
         self.controller
-            .apply(mac, NodeEvent::BootStarted, &reason)
+            .apply_with_boot(mac, NodeEvent::BootStarted, &reason, Some(&boot))
             .await?;
         Ok(self.templates.node(&NodeBoot {
             server,

@@ -3,7 +3,7 @@
 
 use crate::node::mac::Mac;
 use crate::node::state::{NodeEvent, TransitionError, transition};
-use crate::store::nodes::{CasOutcome, NodeRecord};
+use crate::store::nodes::{CasOutcome, NewBoot, NodeRecord};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,18 @@ impl NodeController {
         event: NodeEvent,
         reason: &str,
     ) -> Result<NodeRecord, ControlError> {
+        self.apply_with_boot(mac, event, reason, None).await
+    }
+
+    /// As `apply`, and records `boot` in the same transaction: a boot record exists
+    /// exactly when its node moved to provisioning for it.
+    pub async fn apply_with_boot(
+        &self,
+        mac: &Mac,
+        event: NodeEvent,
+        reason: &str,
+        boot: Option<&NewBoot<'_>>,
+    ) -> Result<NodeRecord, ControlError> {
         for _ in 0..CAS_ATTEMPTS {
             let node = self
                 .store
@@ -47,7 +59,7 @@ impl NodeController {
             let to = transition(node.state, event)?;
             match self
                 .store
-                .set_state(mac, node.version, node.state, to, reason)
+                .set_state(mac, node.version, node.state, to, reason, boot)
                 .await?
             {
                 CasOutcome::Done(updated) => {

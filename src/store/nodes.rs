@@ -40,6 +40,15 @@ pub struct BootRecord {
     pub at: String,
 }
 
+/// A boot to record with the state change that starts it; the token is stored only as
+/// its sha256.
+#[derive(Debug, Clone, Copy)]
+pub struct NewBoot<'a> {
+    pub id: &'a str,
+    pub image: &'a Digest,
+    pub token_sha256: &'a Digest,
+}
+
 /// The outcome of a compare-and-set state change.
 #[derive(Debug, PartialEq)]
 pub enum CasOutcome {
@@ -227,7 +236,8 @@ impl Store {
         self.node(mac).await
     }
 
-    /// Moves `mac` to `to` if it is still at `version`, with a history row.
+    /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
+    /// in the same transaction when given (one commit, one fsync, per boot).
     pub async fn set_state(
         &self,
         mac: &Mac,
@@ -235,6 +245,7 @@ impl Store {
         from: NodeState,
         to: NodeState,
         reason: &str,
+        boot: Option<&NewBoot<'_>>,
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
@@ -252,6 +263,16 @@ impl Store {
         .rows_affected();
         if changed == 0 {
             return Ok(CasOutcome::Stale);
+        }
+        if let Some(boot) = boot {
+            sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES (?, ?, ?, ?, ?)")
+                .bind(boot.id)
+                .bind(mac.to_string())
+                .bind(boot.image.to_string())
+                .bind(boot.token_sha256.to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;
@@ -282,25 +303,6 @@ impl Store {
                 })
             })
             .collect()
-    }
-
-    /// Records a boot; the token is stored only as its sha256.
-    pub async fn open_boot(
-        &self,
-        id: &str,
-        mac: &Mac,
-        image: &Digest,
-        token_sha256: &Digest,
-    ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES (?, ?, ?, ?, ?)")
-            .bind(id)
-            .bind(mac.to_string())
-            .bind(image.to_string())
-            .bind(token_sha256.to_string())
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
 
     /// The node's boots, newest first.

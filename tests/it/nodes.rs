@@ -191,6 +191,7 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
         node.state,
         NodeState::Provisioning,
         "writer a",
+        None,
     );
     let b = store.set_state(
         &mac,
@@ -198,6 +199,7 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
         node.state,
         NodeState::Reimaging,
         "writer b",
+        None,
     );
     let (a, b) = tokio::join!(a, b);
     let outcomes = [a.unwrap(), b.unwrap()];
