@@ -64,7 +64,7 @@ impl NodeController {
             {
                 CasOutcome::Done(updated) => {
                     tracing::info!(%mac, from = %node.state, to = %to, reason, "node state changed");
-                    return Ok(updated);
+                    return Ok(*updated);
                 }
                 CasOutcome::Stale => continue,
             }

@@ -23,6 +23,21 @@ pub struct NodeRecord {
     pub version: i64,
     pub created_at: String,
     pub updated_at: String,
+    /// How to reach the node's BMC; filled by the power-control work.
+    pub bmc: Option<Bmc>,
+}
+
+/// A node's baseboard management controller. Credentials are never stored here, only the
+/// name of the secret that holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bmc {
+    /// Host or address of the BMC.
+    pub address: String,
+    /// `redfish` or `ipmi`.
+    pub protocol: String,
+    /// Name of the secret holding the credentials.
+    pub credential: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,7 +67,7 @@ pub struct NewBoot<'a> {
 /// The outcome of a compare-and-set state change.
 #[derive(Debug, PartialEq)]
 pub enum CasOutcome {
-    Done(NodeRecord),
+    Done(Box<NodeRecord>),
     /// Someone else changed the node since `version` was read.
     Stale,
 }
@@ -68,13 +83,14 @@ type NodeRow = (
     i64,
     i64,
     i64,
+    Option<String>,
 );
 
 /// `SELECT` of every node column; static SQL, so sqlx needs no audit escape.
 macro_rules! select_nodes {
     ($rest:literal) => {
         concat!(
-            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms FROM nodes ",
+            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc FROM nodes ",
             $rest
         )
     };
@@ -96,6 +112,11 @@ fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
         version: r.7,
         created_at: format_ms(r.8),
         updated_at: format_ms(r.9),
+        bmc: r
+            .10
+            .map(|b| serde_json::from_str(&b))
+            .transpose()
+            .map_err(|e| corrupt(format!("bmc: {e}")))?,
     })
 }
 
@@ -281,7 +302,7 @@ impl Store {
             .node(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
-        Ok(CasOutcome::Done(node))
+        Ok(CasOutcome::Done(Box::new(node)))
     }
 
     pub async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {

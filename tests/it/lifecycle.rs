@@ -162,6 +162,7 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
     // The boot as a timeline, by API and by CLI.
     assert!(boot.kernel_line().contains(&format!("?boot={} ", boot.id)));
     let detail = node.node().await;
+    assert!(detail.as_object().unwrap().contains_key("bmc"), "{detail}");
     let timeline = &detail["boots"][0];
     assert_eq!(timeline["id"], boot.id.as_str());
     let steps: Vec<&str> = timeline["steps"]
