@@ -43,6 +43,39 @@ pub struct FileConfig {
     /// `[[webhooks]]`: where events are delivered.
     #[serde(default)]
     pub webhooks: Vec<crate::webhook::WebhookConfig>,
+    /// `[dhcp]`: proxyDHCP or authoritative DHCP. Off unless `mode` is set.
+    #[serde(default)]
+    pub dhcp: DhcpFileConfig,
+}
+
+/// `[dhcp]` in the settings file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DhcpFileConfig {
+    /// off | proxy | authoritative [default: off].
+    pub mode: Option<crate::dhcp::decide::Mode>,
+    /// Answer only on this interface (SO_BINDTODEVICE); every interface when unset.
+    pub interface: Option<String>,
+    /// Our address on the boot segment: server identifier and TFTP next-server.
+    pub server_ip: Option<std::net::Ipv4Addr>,
+    /// Our HTTP base URL as nodes reach it [default: http://<server_ip>:<listen port>].
+    pub http_url: Option<String>,
+    /// [default: 67]
+    pub port: Option<u16>,
+    /// PXE boot-server port [default: 4011].
+    pub pxe_port: Option<u16>,
+    /// Port replies go to [default: 68]; tests use another.
+    pub client_port: Option<u16>,
+    /// Authoritative mode: the segment's mask, gateway and DNS servers.
+    pub subnet_mask: Option<std::net::Ipv4Addr>,
+    pub router: Option<std::net::Ipv4Addr>,
+    #[serde(default)]
+    pub dns: Vec<std::net::Ipv4Addr>,
+    /// Authoritative mode: `[dhcp.pool]` start, end, reservations, lease_secs.
+    pub pool: Option<crate::dhcp::leases::PoolConfig>,
+    /// `[dhcp.files]`: boot file names per client class.
+    #[serde(default)]
+    pub files: crate::dhcp::decide::BootFiles,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
@@ -71,6 +104,7 @@ pub struct Overrides {
     pub tftp_listen: Option<SocketAddr>,
     pub ipxe_dir: Option<PathBuf>,
     pub templates_dir: Option<PathBuf>,
+    pub dhcp_mode: Option<crate::dhcp::decide::Mode>,
 }
 
 /// The settings the server runs with.
@@ -88,6 +122,7 @@ pub struct ServerConfig {
     pub budget: crate::store::nodes::DisruptionBudget,
     pub lifecycle: crate::node::policy::LifecyclePolicy,
     pub webhooks: Vec<crate::webhook::WebhookConfig>,
+    pub dhcp: DhcpFileConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +181,10 @@ impl ServerConfig {
             budget: file.reimage,
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,
+            dhcp: crate::config::DhcpFileConfig {
+                mode: over.dhcp_mode.or(file.dhcp.mode),
+                ..file.dhcp
+            },
             tftp: {
                 let mut t = crate::tftp::server::TftpSettings::default();
                 if let Some(n) = file.tftp.max_transfers {

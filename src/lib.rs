@@ -5,6 +5,7 @@ pub mod auth;
 pub mod boot;
 pub mod cli;
 pub mod config;
+pub mod dhcp;
 pub mod digest;
 pub mod http;
 pub mod image;

@@ -133,3 +133,75 @@ pub async fn start_tftp(
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
     Ok(Some(tokio::spawn(server.run(socket, shutdown))))
 }
+
+/// Starts DHCP per `[dhcp]` (ports 67 and 4011); nothing when the mode is off. The tasks
+/// stop on `shutdown`, the lease saver after a last save.
+pub async fn start_dhcp(
+    cfg: &ServerConfig,
+    state: &AppState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use crate::dhcp::decide::{Mode, Port, Settings};
+    use crate::dhcp::server::{DhcpServer, bind};
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    let d = &cfg.dhcp;
+    let mode = d.mode.unwrap_or(Mode::Off);
+    if mode == Mode::Off {
+        return Ok(Vec::new());
+    }
+    let server_ip = d
+        .server_ip
+        .context("[dhcp] server_ip is required: our address on the boot segment")?;
+    let leases = match (mode, &d.pool) {
+        (Mode::Authoritative, Some(pool)) => {
+            let mut leases = crate::dhcp::leases::Leases::new(pool)
+                .map_err(|e| anyhow::anyhow!("[dhcp.pool] {e}"))?;
+            leases.load(state.registry.store.load_leases().await?);
+            Some(std::sync::Mutex::new(leases))
+        }
+        (Mode::Authoritative, None) => anyhow::bail!("[dhcp] mode authoritative needs [dhcp.pool]"),
+        _ => None,
+    };
+    let settings = Settings {
+        mode,
+        server_ip,
+        http_base: d
+            .http_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{server_ip}:{}", cfg.listen.port())),
+        files: d.files.clone(),
+        subnet_mask: d.subnet_mask.unwrap_or(Ipv4Addr::new(255, 255, 255, 0)),
+        router: d.router,
+        dns: d.dns.clone(),
+    };
+    let server = std::sync::Arc::new(DhcpServer {
+        settings,
+        leases,
+        store: state.registry.store.clone(),
+        metrics: Default::default(),
+        relay_port: crate::dhcp::server::SERVER_PORT,
+        client_port: d.client_port.unwrap_or(crate::dhcp::server::CLIENT_PORT),
+    });
+    let mut tasks = Vec::new();
+    let ports = [
+        (
+            d.port.unwrap_or(crate::dhcp::server::SERVER_PORT),
+            Port::Dhcp,
+        ),
+        (d.pxe_port.unwrap_or(4011), Port::PxeServer),
+    ];
+    for (port, role) in ports {
+        let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+        let socket = bind(addr, d.interface.as_deref()).with_context(|| {
+            format!("cannot listen for DHCP on {addr} (port 67 needs root or CAP_NET_BIND_SERVICE)")
+        })?;
+        tracing::info!(%addr, interface = d.interface.as_deref().unwrap_or("*"), ?mode, "dhcp listening on {addr}");
+        tasks.push(tokio::spawn(server.clone().serve(
+            socket,
+            role,
+            shutdown.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(server.persist(shutdown)));
+    Ok(tasks)
+}

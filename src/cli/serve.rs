@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Boot-script templates overriding the built-in ones, file by file (see templates/).
     #[arg(long, env = "BOOTFLEET_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
+    /// DHCP service: off, proxy (boot information next to the site's DHCP) or
+    /// authoritative (a pool from [dhcp.pool]) [default: off]. See [dhcp] in the config.
+    #[arg(long, env = "BOOTFLEET_DHCP", value_enum)]
+    pub dhcp: Option<crate::dhcp::decide::Mode>,
 }
 
 pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
@@ -52,6 +56,7 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
             tftp_listen: args.tftp_listen,
             ipxe_dir: args.ipxe_dir,
             templates_dir: args.templates_dir,
+            dhcp_mode: args.dhcp,
         },
     );
     init_logging(cfg.log_format);
@@ -70,8 +75,12 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
     tokio::spawn(cancel_on_signal(signals, shutdown.clone()));
     tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
     let tftp = crate::server::start_tftp(&cfg, &state, shutdown.clone()).await?;
+    let dhcp = crate::server::start_dhcp(&cfg, &state, shutdown.clone()).await?;
     let http = crate::server::run(listener, state, shutdown.clone()).await;
     shutdown.cancel();
+    for task in dhcp {
+        task.await.context("DHCP server panicked")?;
+    }
     if let Some(tftp) = tftp {
         tftp.await
             .context("TFTP server panicked")?

@@ -18,6 +18,12 @@ impl Mac {
     }
 }
 
+impl From<[u8; 6]> for Mac {
+    fn from(octets: [u8; 6]) -> Self {
+        Mac(octets)
+    }
+}
+
 impl FromStr for Mac {
     type Err = MacError;
     /// Accepts `52:54:00:12:34:56` and iPXE's `${mac:hexhyp}` form `52-54-00-12-34-56`,

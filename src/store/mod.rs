@@ -3,6 +3,7 @@
 
 pub mod boots;
 pub mod events;
+pub mod leases;
 pub mod nodes;
 
 use std::collections::HashSet;

@@ -1,0 +1,12 @@
+//! DHCPv4: proxyDHCP (boot information next to the site's DHCP) and authoritative mode
+//! (pool, reservations, leases). `wire` checks untrusted bytes, `classify` names the
+//! client, `decide` answers (pure), `leases` keeps the pool (pure), `reply` encodes,
+//! `server` moves datagrams and persists leases in batches.
+
+pub mod classify;
+pub mod decide;
+pub mod leases;
+pub mod metrics;
+pub mod reply;
+pub mod server;
+pub mod wire;

@@ -1,0 +1,193 @@
+//! The DHCP socket loop: receive, check, classify, look the node up, decide, encode,
+//! send where the client can hear it. Leases live in memory and are saved in batches
+//! every `FLUSH_EVERY`, so no packet waits on a database write.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+use super::classify::classify;
+use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
+use super::leases::Leases;
+use super::metrics::DhcpMetrics;
+use super::reply::{encode, relay_info};
+use super::wire::{Checked, MAX_PACKET, check};
+use crate::node::mac::Mac;
+use crate::node::state::NodeState;
+use crate::store::Store;
+
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+pub const CLIENT_PORT: u16 = 68;
+pub const SERVER_PORT: u16 = 67;
+
+pub struct DhcpServer {
+    pub settings: Settings,
+    pub leases: Option<Mutex<Leases>>,
+    pub store: Store,
+    pub metrics: Arc<DhcpMetrics>,
+    /// Where relayed replies go (a relay agent listens on 67).
+    pub relay_port: u16,
+    /// Where replies to clients go.
+    pub client_port: u16,
+}
+
+/// A UDP socket for DHCP: broadcast allowed, address reusable (one per interface), and
+/// bound to `interface` (SO_BINDTODEVICE) when given, so we answer only on that segment.
+pub fn bind(addr: SocketAddrV4, interface: Option<&str>) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_broadcast(true)?;
+    if let Some(dev) = interface {
+        socket.bind_device(Some(dev.as_bytes()))?;
+    }
+    socket.bind(&SocketAddr::V4(addr).into())?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
+}
+
+impl DhcpServer {
+    /// What the store knows of the client, recording a new network-booting MAC.
+    async fn node_view(&self, req: &Checked, uuid: Option<&str>, network_boot: bool) -> NodeView {
+        if !network_boot {
+            return NodeView::default();
+        }
+        let mac = Mac::from(req.chaddr);
+        match self.store.discover(&mac, uuid, "first seen in DHCP").await {
+            Ok((node, _)) => NodeView {
+                bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
+                local_boot: node.labels.get("boot").is_some_and(|v| v == "local"),
+            },
+            Err(e) => {
+                tracing::warn!(%mac, error = %e, "cannot look the node up; no boot file");
+                NodeView::default()
+            }
+        }
+    }
+
+    /// Handles one datagram; returns the reply and where it goes.
+    pub async fn handle(
+        &self,
+        bytes: &[u8],
+        from: SocketAddr,
+        port: Port,
+    ) -> Option<(Vec<u8>, SocketAddr)> {
+        let req = match check(bytes) {
+            Ok(r) => r,
+            Err(why) => {
+                self.metrics.count(&format!("malformed.{}", why.as_str()));
+                tracing::debug!(%from, reason = why.as_str(), "dropped a malformed DHCP packet");
+                return None;
+            }
+        };
+        let client = classify(&req);
+        let node = self
+            .node_view(&req, client.uuid.as_deref(), client.class.is_some())
+            .await;
+        let decision = {
+            let mut leases = self
+                .leases
+                .as_ref()
+                .map(|l| l.lock().expect("not poisoned"));
+            decide(
+                &req,
+                &client,
+                &node,
+                &self.settings,
+                leases.as_deref_mut(),
+                port,
+                crate::store::now_ms(),
+            )
+        };
+        let reply = match decision {
+            Decision::Reply(r) => r,
+            Decision::Ignore(why) => {
+                self.metrics.count(&format!("ignored.{why}"));
+                return None;
+            }
+            Decision::Done(what) => {
+                self.metrics.count(what);
+                return None;
+            }
+        };
+        self.metrics.count(match reply.message_type {
+            super::decide::OFFER => "offer",
+            NAK => "nak",
+            _ => "ack",
+        });
+        let relay = if req.option(82).is_some() {
+            relay_info(bytes)
+        } else {
+            None
+        };
+        let out = encode(&req, &reply, self.settings.server_ip, relay);
+        Some((out, self.destination(&req, &reply, from, port)))
+    }
+
+    /// RFC 2131 4.1: through the relay; to a configured client by unicast; else broadcast
+    /// (we cannot unicast to an address the client does not hold yet without ARP help).
+    fn destination(
+        &self,
+        req: &Checked,
+        reply: &Reply,
+        from: SocketAddr,
+        port: Port,
+    ) -> SocketAddr {
+        if port == Port::PxeServer {
+            return from;
+        }
+        if !req.giaddr.is_unspecified() {
+            return SocketAddr::V4(SocketAddrV4::new(req.giaddr, self.relay_port));
+        }
+        if reply.message_type != NAK && !req.ciaddr.is_unspecified() {
+            return SocketAddr::V4(SocketAddrV4::new(req.ciaddr, self.client_port));
+        }
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, self.client_port))
+    }
+
+    /// Serves `socket` (on `port`'s role) until `stop`.
+    pub async fn serve(self: Arc<Self>, socket: UdpSocket, port: Port, stop: CancellationToken) {
+        let mut buf = vec![0u8; MAX_PACKET + 1];
+        loop {
+            let (n, from) = tokio::select! {
+                r = socket.recv_from(&mut buf) => match r {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "DHCP receive failed");
+                        continue;
+                    }
+                },
+                () = stop.cancelled() => return,
+            };
+            if let Some((reply, to)) = self.handle(&buf[..n], from, port).await
+                && let Err(e) = socket.send_to(&reply, to).await
+            {
+                self.metrics.count("send-error");
+                tracing::warn!(%to, error = %e, "cannot send a DHCP reply");
+            }
+        }
+    }
+
+    /// Saves lease changes every `FLUSH_EVERY`, and once more at `stop`.
+    pub async fn persist(self: Arc<Self>, stop: CancellationToken) {
+        let Some(leases) = &self.leases else { return };
+        loop {
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(FLUSH_EVERY) => false,
+                () = stop.cancelled() => true,
+            };
+            let (keep, gone) = leases.lock().expect("not poisoned").take_changes();
+            if let Err(e) = self.store.save_leases(&keep, &gone).await {
+                tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
+                let macs = keep.iter().map(|l| l.mac).chain(gone);
+                leases.lock().expect("not poisoned").requeue(macs);
+            }
+            if stopping {
+                return;
+            }
+        }
+    }
+}
