@@ -318,6 +318,8 @@ mod tests {
     use crate::dhcp::wire::{check, tests::request};
 
     const MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 7];
+    /// Options as (code, value), the way a client class sends them.
+    type Wire = &'static [(u8, &'static [u8])];
     const BIOS: &[(u8, &[u8])] = &[(60, b"PXEClient:Arch:00000:UNDI:002001"), (93, &[0, 0])];
     const UEFI: &[(u8, &[u8])] = &[(60, b"PXEClient:Arch:00007:UNDI:003000"), (93, &[0, 7])];
     const ARM64: &[(u8, &[u8])] = &[(60, b"PXEClient:Arch:00011:UNDI:003000"), (93, &[0, 11])];
@@ -391,7 +393,7 @@ mod tests {
     #[test]
     fn proxy_mode_gives_each_class_its_boot_file_and_never_an_address() {
         let uuid = [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
-        let cases: [(&[(u8, &[u8])], &str, &[u8], bool); 5] = [
+        let cases: [(Wire, &str, &[u8], bool); 5] = [
             (BIOS, "undionly.kpxe", b"PXEClient", true),
             (UEFI, "snponly.efi", b"PXEClient", true),
             (ARM64, "arm64/snponly.efi", b"PXEClient", true),
