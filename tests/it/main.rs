@@ -3,6 +3,7 @@
 mod auth;
 mod blobs;
 mod bundles;
+mod dhcp_fuzz;
 mod fake_node;
 mod harness;
 mod lifecycle;
