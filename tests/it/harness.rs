@@ -44,6 +44,9 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
+        bootfleet::server::start_dhcp(&cfg, &state, shutdown.clone())
+            .await
+            .expect("DHCP starts");
         let task = tokio::spawn(bootfleet::server::run(listener, state, shutdown.clone()));
         Self {
             addr,

@@ -4,6 +4,7 @@ mod auth;
 mod blobs;
 mod bundles;
 mod dhcp_fuzz;
+mod dhcp_net;
 mod fake_node;
 mod harness;
 mod lifecycle;

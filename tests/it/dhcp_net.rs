@@ -1,0 +1,503 @@
+//! DHCP against real peers over a real (namespaced) network the test builds and removes:
+//! a bridge in the root namespace carries our server; client namespaces hang off it by
+//! veth. Peers: busybox udhcpc (lease, renew, release), Kea's perfdhcp (DORA under load),
+//! dnsmasq as the site's DHCP server next to our proxy, and a scripted PXE client for
+//! every boot class. Needs root, iproute2, busybox-static, kea-admin, dnsmasq-base (the
+//! README test command installs them).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bootfleet::dhcp::decide::Mode;
+use bootfleet::dhcp::leases::PoolConfig;
+use dhcproto::{Decodable, Decoder, v4};
+
+use crate::harness::*;
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("bash").args(["-c", cmd]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn require(tools: &[(&str, &str)]) {
+    assert!(
+        sh("id -u").trim() == "0",
+        "the DHCP network tests need root (network namespaces): run `sudo ./scripts/test`"
+    );
+    for (tool, package) in tools {
+        assert!(
+            Command::new("bash")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .unwrap()
+                .status
+                .success(),
+            "{tool} is missing: apt-get install {package}"
+        );
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A bridge (our server's segment, 10.77.N.1/24) and namespaces attached to it.
+struct Lab {
+    n: u32,
+    bridge: String,
+    namespaces: Vec<String>,
+    children: Vec<Child>,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let n = (std::process::id() % 40) * 6 + NEXT.fetch_add(1, Ordering::Relaxed) % 6 + 1;
+        let bridge = format!("bfb{n}");
+        sh(&format!(
+            "ip link del {bridge} 2>/dev/null; ip link add {bridge} type bridge && ip addr add 10.77.{n}.1/24 dev {bridge} && ip link set {bridge} up"
+        ));
+        Self {
+            n,
+            bridge,
+            namespaces: vec![],
+            children: vec![],
+        }
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 77, self.n as u8, host)
+    }
+
+    /// A namespace with `eth0` on the bridge (and `address`, when given).
+    fn host(&mut self, role: &str, address: Option<u8>) -> String {
+        let ns = format!("bf{}{role}", self.n);
+        let veth = format!("bfv{}{}", self.n, &role[..1]);
+        sh(&format!(
+            "ip netns del {ns} 2>/dev/null; ip link del {veth} 2>/dev/null; ip netns add {ns} && ip link add {veth} type veth peer name eth0 netns {ns} && ip link set {veth} master {b} up && ip -n {ns} link set lo up && ip -n {ns} link set eth0 up",
+            b = self.bridge
+        ));
+        if let Some(a) = address {
+            sh(&format!(
+                "ip -n {ns} addr add 10.77.{}.{a}/24 dev eth0",
+                self.n
+            ));
+        }
+        self.namespaces.push(ns.clone());
+        ns
+    }
+
+    fn spawn(&mut self, ns: &str, cmd: &str) {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "bash", "-c", cmd])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    fn settings(&self, mode: Mode) -> bootfleet::config::DhcpFileConfig {
+        bootfleet::config::DhcpFileConfig {
+            mode: Some(mode),
+            interface: Some(self.bridge.clone()),
+            server_ip: Some(self.ip(1)),
+            http_url: Some(format!("http://{}:8080", self.ip(1))),
+            pool: Some(PoolConfig {
+                start: self.ip(100),
+                end: self.ip(250),
+                reservations: Default::default(),
+                lease_secs: 600,
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+    }
+}
+
+/// A UDP socket on port 68 inside `ns`, bound to its eth0, broadcast allowed.
+fn client_socket(ns: &str) -> UdpSocket {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        // setns changes only this thread; the socket keeps the namespace it was made in.
+        let f = std::fs::File::open(path).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.set_broadcast(true).unwrap();
+        s.bind_device(Some(b"eth0")).unwrap();
+        s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68)).into())
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        UdpSocket::from(s)
+    })
+    .join()
+    .unwrap()
+}
+
+/// A request as firmware builds it; `options` after 53.
+fn request(mac: [u8; 6], xid: u32, kind: v4::MessageType, options: Vec<v4::DhcpOption>) -> Vec<u8> {
+    use dhcproto::Encodable;
+    let mut m = v4::Message::new_with_id(
+        xid,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &mac,
+    );
+    m.set_flags(v4::Flags::default().set_broadcast());
+    m.opts_mut().insert(v4::DhcpOption::MessageType(kind));
+    for o in options {
+        m.opts_mut().insert(o);
+    }
+    m.to_vec().unwrap()
+}
+
+/// Broadcasts `packet` and collects the replies to `xid` for `wait`.
+fn exchange(sock: &UdpSocket, packet: &[u8], xid: u32, wait: Duration) -> Vec<v4::Message> {
+    sock.send_to(packet, "255.255.255.255:67").unwrap();
+    let deadline = Instant::now() + wait;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1500];
+    while Instant::now() < deadline {
+        if let Ok((n, _)) = sock.recv_from(&mut buf)
+            && let Ok(m) = v4::Message::decode(&mut Decoder::new(&buf[..n]))
+            && m.xid() == xid
+        {
+            got.push(m);
+        }
+    }
+    got
+}
+
+fn class_options(vendor: &[u8], arch: Option<u16>, ipxe: bool) -> Vec<v4::DhcpOption> {
+    let mut o = vec![v4::DhcpOption::ClassIdentifier(vendor.to_vec())];
+    if let Some(a) = arch {
+        o.push(v4::DhcpOption::ClientSystemArchitecture(a.into()));
+    }
+    if ipxe {
+        o.push(v4::DhcpOption::UserClass(b"iPXE".to_vec()));
+    }
+    o
+}
+
+fn file_of(m: &v4::Message) -> String {
+    match m.opts().get(v4::OptionCode::BootfileName) {
+        Some(v4::DhcpOption::BootfileName(f)) => String::from_utf8_lossy(f).into_owned(),
+        _ => String::new(),
+    }
+}
+
+fn server_id(m: &v4::Message) -> Option<Ipv4Addr> {
+    match m.opts().get(v4::OptionCode::ServerIdentifier) {
+        Some(v4::DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+        _ => None,
+    }
+}
+
+/// A boot class as the scripted client plays it: name, option 60, option 93, sends
+/// user class iPXE, and the end of the boot file it must get.
+type Class = (&'static str, &'static [u8], Option<u16>, bool, &'static str);
+
+const CLASSES: [Class; 5] = [
+    (
+        "bios",
+        b"PXEClient:Arch:00000:UNDI:002001",
+        Some(0),
+        false,
+        "undionly.kpxe",
+    ),
+    (
+        "uefi-x64",
+        b"PXEClient:Arch:00007:UNDI:003000",
+        Some(7),
+        false,
+        "snponly.efi",
+    ),
+    (
+        "uefi-arm64",
+        b"PXEClient:Arch:00011:UNDI:003000",
+        Some(11),
+        false,
+        "arm64/snponly.efi",
+    ),
+    (
+        "uefi-http",
+        b"HTTPClient:Arch:00016:UNDI:003000",
+        Some(16),
+        false,
+        "/ipxe/snponly.efi",
+    ),
+    (
+        "ipxe",
+        b"PXEClient:Arch:00000:UNDI:002001",
+        None,
+        true,
+        "/boot.ipxe",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_mode_next_to_a_site_dhcp_server_answers_every_boot_class() {
+    require(&[("ip", "iproute2"), ("dnsmasq", "dnsmasq-base")]);
+    let mut lab = Lab::new();
+    let site = lab.host("site", Some(2));
+    let client = lab.host("cli", None);
+    let n = lab.n;
+    lab.spawn(&site, &format!("exec dnsmasq --keep-in-foreground --port=0 --interface=eth0 --bind-interfaces --dhcp-range=10.77.{n}.50,10.77.{n}.60,1h --dhcp-leasefile=/dev/null --no-ping"));
+    let settings = lab.settings(Mode::Proxy);
+    let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
+    server
+        .publish_query(good_bundle("demo", "1", b"k"), "?tag=demo:stable")
+        .await;
+    let sock = client_socket(&client);
+    // dnsmasq takes a moment to bind.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, (name, vendor, arch, ipxe, file)) in CLASSES.iter().enumerate() {
+        let mac = [0x52, 0x54, 0, 0x77, n as u8, i as u8];
+        let mac_text = format!("52-54-00-77-{:02x}-{:02x}", n, i);
+        let r = server
+            .put(&format!("/api/v1/nodes/{mac_text}/image"))
+            .json(&serde_json::json!({ "image": "demo:stable" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let xid = 0x1000 + i as u32;
+        let packet = request(
+            mac,
+            xid,
+            v4::MessageType::Discover,
+            class_options(vendor, *arch, *ipxe),
+        );
+        let replies = tokio::task::block_in_place(|| {
+            exchange(&sock, &packet, xid, Duration::from_millis(1500))
+        });
+        let ours: Vec<&v4::Message> = replies
+            .iter()
+            .filter(|m| server_id(m) == Some(lab.ip(1)))
+            .collect();
+        let site_offers: Vec<&v4::Message> = replies
+            .iter()
+            .filter(|m| server_id(m) == Some(lab.ip(2)))
+            .collect();
+        assert_eq!(
+            ours.len(),
+            1,
+            "{name}: one proxy offer from us: {replies:?}"
+        );
+        assert_eq!(
+            ours[0].yiaddr(),
+            Ipv4Addr::UNSPECIFIED,
+            "{name}: a proxy gives no address"
+        );
+        assert!(
+            file_of(ours[0]).ends_with(file),
+            "{name}: {}",
+            file_of(ours[0])
+        );
+        assert_eq!(
+            site_offers.len(),
+            1,
+            "{name}: the site's server still offers the address"
+        );
+        let leased = u32::from(site_offers[0].yiaddr());
+        assert!((u32::from(lab.ip(50))..=u32::from(lab.ip(60))).contains(&leased));
+    }
+    // A plain DHCP client, and a PXE client with nothing assigned: the site answers, we
+    // stay silent; the unassigned one is recorded as discovered.
+    for (i, options) in [
+        class_options(b"udhcp 1.35.0", None, false),
+        class_options(CLASSES[0].1, Some(0), false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mac = [0x52, 0x54, 0, 0x78, n as u8, i as u8];
+        let xid = 0x2000 + i as u32;
+        let packet = request(mac, xid, v4::MessageType::Discover, options);
+        let replies = tokio::task::block_in_place(|| {
+            exchange(&sock, &packet, xid, Duration::from_millis(1500))
+        });
+        assert!(
+            replies.iter().all(|m| server_id(m) != Some(lab.ip(1))),
+            "we answered: {replies:?}"
+        );
+        assert_eq!(replies.len(), 1, "the site answered");
+    }
+    let (status, node) = server
+        .json(&format!("/api/v1/nodes/52-54-00-78-{n:02x}-01"))
+        .await;
+    assert_eq!((status, node["state"].as_str()), (200, Some("discovered")));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authoritative_mode_serves_udhcpc_perfdhcp_and_pxe_clients() {
+    require(&[
+        ("ip", "iproute2"),
+        ("busybox", "busybox-static"),
+        ("perfdhcp", "kea-admin"),
+    ]);
+    let mut lab = Lab::new();
+    let client = lab.host("cli", None);
+    let n = lab.n;
+    let settings = lab.settings(Mode::Authoritative);
+    let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
+    server
+        .publish_query(good_bundle("demo", "1", b"k"), "?tag=demo:stable")
+        .await;
+    let db = bootfleet::store::Store::open(&server.data.path().join("bootfleet.db"))
+        .await
+        .unwrap();
+
+    // Scripted PXE clients: DISCOVER -> OFFER (address + boot file) -> REQUEST -> ACK.
+    let sock = client_socket(&client);
+    for (i, (name, vendor, arch, ipxe, file)) in [CLASSES[0], CLASSES[4]].iter().enumerate() {
+        let mac = [0x52, 0x54, 0, 0x79, n as u8, i as u8];
+        server
+            .put(&format!("/api/v1/nodes/52-54-00-79-{n:02x}-{i:02x}/image"))
+            .json(&serde_json::json!({ "image": "demo:stable" }))
+            .send()
+            .await
+            .unwrap();
+        let xid = 0x3000 + i as u32;
+        let discover = request(
+            mac,
+            xid,
+            v4::MessageType::Discover,
+            class_options(vendor, *arch, *ipxe),
+        );
+        let offers = tokio::task::block_in_place(|| {
+            exchange(&sock, &discover, xid, Duration::from_millis(800))
+        });
+        assert_eq!(offers.len(), 1, "{name}: {offers:?}");
+        let offered = offers[0].yiaddr();
+        assert!(file_of(&offers[0]).ends_with(file), "{name}");
+        let mut opts = class_options(vendor, *arch, *ipxe);
+        opts.push(v4::DhcpOption::ServerIdentifier(lab.ip(1)));
+        opts.push(v4::DhcpOption::RequestedIpAddress(offered));
+        let req = request(mac, xid + 1, v4::MessageType::Request, opts);
+        let acks = tokio::task::block_in_place(|| {
+            exchange(&sock, &req, xid + 1, Duration::from_millis(800))
+        });
+        assert_eq!(acks.len(), 1, "{name}");
+        assert_eq!(acks[0].opts().msg_type(), Some(v4::MessageType::Ack));
+        assert_eq!(acks[0].yiaddr(), offered);
+    }
+
+    // busybox udhcpc: a lease, a renewal (SIGUSR1), a release (SIGUSR2).
+    let events = server.data.path().join("udhcpc.events");
+    let script = server.data.path().join("udhcpc.sh");
+    // Configures the address as a real client would (a renewal is unicast from it).
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$1 $ip\" >> {}\ncase $1 in\n bound|renew) ip addr flush dev eth0; ip addr add $ip/24 dev eth0;;\n deconfig) ip addr flush dev eth0;;\nesac\n",
+            events.display()
+        ),
+    )
+    .unwrap();
+    sh(&format!("chmod +x {}", script.display()));
+    lab.spawn(
+        &client,
+        &format!(
+            "exec busybox udhcpc -f -i eth0 -s {} -t 5 -T 1",
+            script.display()
+        ),
+    );
+    let read_events = || std::fs::read_to_string(&events).unwrap_or_default();
+    let wait_for = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !read_events().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} from udhcpc: {}",
+                read_events()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    tokio::task::block_in_place(|| wait_for("bound 10.77."));
+    let ip = read_events()
+        .lines()
+        .find_map(|l| l.strip_prefix("bound "))
+        .unwrap()
+        .trim()
+        .to_string();
+    let pid = lab.children.last().unwrap().id();
+    sh(&format!("kill -USR1 {pid}"));
+    tokio::task::block_in_place(|| wait_for(&format!("renew {ip}")));
+    tokio::time::sleep(Duration::from_millis(1200)).await; // a lease flush
+    let saved: Vec<String> = db
+        .load_leases()
+        .await
+        .unwrap()
+        .iter()
+        .map(|l| l.ip.to_string())
+        .collect();
+    assert!(saved.contains(&ip), "lease {ip} saved: {saved:?}");
+    sh(&format!("kill -USR2 {pid}"));
+    tokio::task::block_in_place(|| wait_for("deconfig"));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let saved: Vec<String> = db
+        .load_leases()
+        .await
+        .unwrap()
+        .iter()
+        .map(|l| l.ip.to_string())
+        .collect();
+    assert!(!saved.contains(&ip), "released {ip} still saved: {saved:?}");
+
+    // perfdhcp: full DORA for 60 simulated clients; every exchange answered. It acts as a
+    // relay (giaddr = its own address), so replies come back to port 67 through it.
+    sh(&format!(
+        "ip -n {client} addr flush dev eth0 && ip -n {client} addr add 10.77.{n}.5/24 dev eth0"
+    ));
+    let out = tokio::task::block_in_place(|| {
+        sh(&format!(
+            "ip netns exec {client} perfdhcp -4 -l eth0 -r 100 -R 60 -n 120 -W 2000000 2>&1 || true"
+        ))
+    });
+    let mut sent_received = Vec::new();
+    for line in out.lines() {
+        let line = line.trim();
+        if let Some(v) = line
+            .strip_prefix("sent packets: ")
+            .or_else(|| line.strip_prefix("received packets: "))
+        {
+            sent_received.push(v.trim().parse::<u64>().unwrap());
+        }
+    }
+    assert_eq!(sent_received.len(), 4, "{out}");
+    assert!(
+        sent_received[0] > 0 && sent_received[0] == sent_received[1],
+        "DO: {out}"
+    );
+    assert!(
+        sent_received[2] > 0 && sent_received[2] == sent_received[3],
+        "RA: {out}"
+    );
+    db.close().await;
+    server.stop().await;
+}
