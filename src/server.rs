@@ -62,6 +62,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         fallback_url: format!("http://{}", cfg.listen),
         stopping: CancellationToken::new(),
         webhooks,
+        ipxe_files: std::sync::Arc::new(FileSource::new(Some(cfg.ipxe_dir.clone()), None)),
     })
 }
 

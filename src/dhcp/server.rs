@@ -56,8 +56,17 @@ impl DhcpServer {
             return NodeView::default();
         }
         let mac = Mac::from(req.chaddr);
-        match self.store.discover(&mac, uuid, "first seen in DHCP").await {
-            Ok((node, _)) => NodeView {
+        // A read first: known nodes (nearly every packet) take no write lock.
+        let known = match self.store.node(&mac).await {
+            Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
+            _ => self
+                .store
+                .discover(&mac, uuid, "first seen in DHCP")
+                .await
+                .map(|(node, _)| node),
+        };
+        match known {
+            Ok(node) => NodeView {
                 bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
                 local_boot: node.labels.get("boot").is_some_and(|v| v == "local"),
             },

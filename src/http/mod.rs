@@ -6,6 +6,7 @@ mod blobs;
 mod error;
 mod events;
 mod images;
+mod ipxe;
 mod nodes;
 pub mod range;
 
@@ -31,6 +32,8 @@ pub struct AppState {
     pub boot: std::sync::Arc<crate::boot::service::BootService>,
     /// Our URL for boot scripts when a request carries no Host header.
     pub fallback_url: String,
+    /// The iPXE binaries (the TFTP root), also served over HTTP for UEFI HTTP boot.
+    pub ipxe_files: std::sync::Arc<crate::tftp::files::FileSource>,
     /// Checked at start; each runs as a task of its own.
     pub webhooks: Vec<crate::webhook::Webhook>,
     /// Cancelled when the server starts shutting down: ends event streams, which would
@@ -66,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/blobs/sha256/{hex}", get(blobs::get_blob))
         .route("/boot.ipxe", get(nodes::entry))
+        .route("/ipxe/{*name}", get(ipxe::get))
         .route("/boot/node.ipxe", get(nodes::node_script))
         .route("/api/v1/agent/attest", post(nodes::attest))
         .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))

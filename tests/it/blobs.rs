@@ -210,3 +210,32 @@ async fn gc_during_publishes_never_loses_a_blob() {
     assert_eq!(report["checked"], 9, "8 kernels and one shared initrd");
     server.stop().await;
 }
+
+/// UEFI HTTP boot fetches the iPXE binary over HTTP from the TFTP root, by checked name.
+#[tokio::test]
+async fn ipxe_binaries_are_served_over_http_and_names_cannot_escape() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("snponly.efi"), b"MZ efi bytes").unwrap();
+    let dir = root.path().to_path_buf();
+    let server = TestServer::start_configured(|cfg| cfg.ipxe_dir = dir).await;
+    let r = reqwest::get(server.url("/ipxe/snponly.efi")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/efi");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"MZ efi bytes");
+    assert_eq!(
+        reqwest::get(server.url("/ipxe/ipxe.efi"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    for bad in [
+        "/ipxe/..%2Fadmin.token",
+        "/ipxe/a/..%2F..%2Fbootfleet.db",
+        "/ipxe/%5Cx",
+    ] {
+        let status = reqwest::get(server.url(bad)).await.unwrap().status();
+        assert_eq!(status, 400, "{bad}");
+    }
+    server.stop().await;
+}

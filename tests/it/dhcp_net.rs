@@ -501,3 +501,39 @@ async fn authoritative_mode_serves_udhcpc_perfdhcp_and_pxe_clients() {
     db.close().await;
     server.stop().await;
 }
+
+/// Bound leases are saved and come back after a restart: the same client gets the same
+/// address from a fresh lease table.
+#[tokio::test]
+async fn leases_survive_a_restart() {
+    use bootfleet::dhcp::leases::Leases;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootfleet.db");
+    let pool = PoolConfig {
+        start: Ipv4Addr::new(10, 1, 0, 10),
+        end: Ipv4Addr::new(10, 1, 0, 20),
+        reservations: Default::default(),
+        lease_secs: 600,
+    };
+    let mac = [0x52, 0x54, 0, 1, 2, 3];
+    let store = bootfleet::store::Store::open(&path).await.unwrap();
+    let mut leases = Leases::new(&pool).unwrap();
+    leases.offer(&[0x52, 0x54, 0, 9, 9, 9], None, 0); // takes .10, never bound
+    let ip = leases.offer(&mac, None, 0).unwrap();
+    leases.bind(&mac, ip, 0).unwrap();
+    let (keep, gone) = leases.take_changes();
+    store.save_leases(&keep, &gone).await.unwrap();
+    store.close().await;
+
+    let store = bootfleet::store::Store::open(&path).await.unwrap();
+    let mut fresh = Leases::new(&pool).unwrap();
+    fresh.load(store.load_leases().await.unwrap());
+    assert_eq!(fresh.lease(&mac).map(|l| l.ip), Some(ip));
+    assert_eq!(fresh.offer(&mac, None, 1000), Some(ip));
+    assert_eq!(
+        fresh.offer(&[0x52, 0x54, 0, 7, 7, 7], Some(ip), 1000),
+        Some(Ipv4Addr::new(10, 1, 0, 10)),
+        "a bound address is not handed to another client"
+    );
+    store.close().await;
+}
