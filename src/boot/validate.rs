@@ -8,7 +8,7 @@ use super::service::{BootError, BootService};
 use crate::node::controller::ControlError;
 use crate::node::mac::Mac;
 use crate::node::state::{NodeEvent, NodeState};
-use crate::node::validate::{ValidationReport, ValidationVerdict, judge};
+use crate::node::validate::{Expectations, ValidationReport, ValidationVerdict, judge};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,7 +53,8 @@ impl BootService {
         let Some(image) = self.image(&boot.image).await? else {
             return Err(Refusal::BadToken.into());
         };
-        let verdict = judge(&req.report, &image.manifest.validation);
+        let expect = Expectations::from_manifest(&image.manifest.validation, &image.manifest.pins);
+        let verdict = judge(&req.report, &expect);
         let gpus: Vec<&str> = req.report.gpus.iter().map(|g| g.uuid.as_str()).collect();
         let stored = serde_json::json!({
             "passed": verdict.passed,
@@ -100,6 +101,37 @@ impl BootService {
             )
             .await
             .map_err(not_now)?;
+        if !verdict.passed {
+            self.after_failure(mac, &reason).await?;
+        }
         Ok(verdict)
+    }
+
+    /// The failure policy: reimage (attempt n of K, within the disruption budget), then
+    /// quarantine. Over budget the node stays validation-failed; a human or the fleet
+    /// controller sees it in the events.
+    async fn after_failure(&self, mac: &Mac, reason: &str) -> Result<(), AttestError> {
+        use crate::node::policy::FailureAction;
+        let store = &self.registry.store;
+        let failures = store.validation_failures_since_ready(mac).await?;
+        let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
+        match self.policy.after_failed_validation(&node.labels, failures) {
+            FailureAction::Reimage { attempt, of } => {
+                let why = format!("failure policy, attempt {attempt} of {of}: {reason}");
+                if let Err(e) = self.reimage.request(mac, &why, None, None).await {
+                    tracing::warn!(%mac, error = %e, "failed validation: cannot reimage");
+                }
+            }
+            FailureAction::Quarantine => {
+                let why = format!(
+                    "failed validation {failures} times since last ready; needs a human or a hardware ticket: {reason}"
+                );
+                self.controller
+                    .apply(mac, NodeEvent::QuarantineImposed, &why)
+                    .await
+                    .map_err(BootError::from)?;
+            }
+        }
+        Ok(())
     }
 }

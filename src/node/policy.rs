@@ -30,6 +30,11 @@ pub struct LifecyclePolicy {
     pub drift: DriftAction,
     /// Per-group rules, `"key=value" = "flag" | "reimage"`; the first match in key order wins.
     pub drift_by_label: BTreeMap<String, DriftAction>,
+    /// A node that fails validation is reimaged up to this many times (counted since it
+    /// was last ready), then quarantined for a human or a hardware ticket [default: 2].
+    pub validation_reimages: u32,
+    /// Per-group counts, `"key=value" = K`; the first match in key order wins.
+    pub validation_reimages_by_label: BTreeMap<String, u32>,
 }
 
 impl Default for LifecyclePolicy {
@@ -39,6 +44,8 @@ impl Default for LifecyclePolicy {
             boot_timeout_secs: 600,
             drift: DriftAction::Flag,
             drift_by_label: BTreeMap::new(),
+            validation_reimages: 2,
+            validation_reimages_by_label: BTreeMap::new(),
         }
     }
 }
@@ -46,7 +53,11 @@ impl Default for LifecyclePolicy {
 impl LifecyclePolicy {
     /// Rules that are not `key=value` are a settings error, found at start.
     pub fn check(&self) -> Result<(), String> {
-        for rule in self.drift_by_label.keys() {
+        for rule in self
+            .drift_by_label
+            .keys()
+            .chain(self.validation_reimages_by_label.keys())
+        {
             match rule.split_once('=') {
                 Some((k, v)) if !k.is_empty() && !v.is_empty() => {}
                 _ => {
@@ -63,15 +74,49 @@ impl LifecyclePolicy {
     }
 
     pub fn drift_action(&self, labels: &BTreeMap<String, String>) -> DriftAction {
-        self.drift_by_label
-            .iter()
-            .find(|(rule, _)| {
-                rule.split_once('=')
-                    .is_some_and(|(k, v)| labels.get(k).is_some_and(|have| have == v))
-            })
-            .map_or(self.drift, |(_, action)| *action)
+        first_match(&self.drift_by_label, labels).unwrap_or(self.drift)
+    }
+
+    /// What a failed validation does: reimage (attempt n of K) or quarantine.
+    pub fn after_failed_validation(
+        &self,
+        labels: &BTreeMap<String, String>,
+        failures_since_ready: u32,
+    ) -> FailureAction {
+        let allowed = first_match(&self.validation_reimages_by_label, labels)
+            .unwrap_or(self.validation_reimages);
+        if failures_since_ready <= allowed {
+            FailureAction::Reimage {
+                attempt: failures_since_ready,
+                of: allowed,
+            }
+        } else {
+            FailureAction::Quarantine
+        }
     }
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureAction {
+    Reimage { attempt: u32, of: u32 },
+    Quarantine,
+}
+
+/// The value of the first `key=value` rule (in key order) that `labels` match.
+fn first_match<T: Copy>(
+    rules: &BTreeMap<String, T>,
+    labels: &BTreeMap<String, String>,
+) -> Option<T> {
+    rules
+        .iter()
+        .find(|(rule, _)| {
+            rule.split_once('=')
+                .is_some_and(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+        })
+        .map(|(_, value)| *value)
+}
+
+impl LifecyclePolicy {}
 
 impl LifecyclePolicy {
     /// How long a node in `state` may stay silent; None when it owes us nothing (not yet
@@ -128,6 +173,32 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.check().unwrap_err().contains("key=value"));
+    }
+
+    #[test]
+    fn failed_validation_reimages_k_times_then_quarantines() {
+        let policy = LifecyclePolicy {
+            validation_reimages_by_label: BTreeMap::from([("sku=h200".to_string(), 0)]),
+            ..Default::default()
+        };
+        let none = BTreeMap::new();
+        assert_eq!(
+            policy.after_failed_validation(&none, 1),
+            FailureAction::Reimage { attempt: 1, of: 2 }
+        );
+        assert_eq!(
+            policy.after_failed_validation(&none, 2),
+            FailureAction::Reimage { attempt: 2, of: 2 }
+        );
+        assert_eq!(
+            policy.after_failed_validation(&none, 3),
+            FailureAction::Quarantine
+        );
+        let h200 = BTreeMap::from([("sku".to_string(), "h200".to_string())]);
+        assert_eq!(
+            policy.after_failed_validation(&h200, 1),
+            FailureAction::Quarantine
+        );
     }
 
     #[test]

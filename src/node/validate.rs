@@ -1,25 +1,90 @@
-//! Post-boot validation judgement, pure: do the GPUs and checks the agent reports meet
-//! the image's `[validation]` section? "Node Ready" is not "GPU Ready": every failure is
-//! named, per GPU where it concerns one, and a node is ready only when none remains.
-//! The full GPU health policy (ECC, NVLink, PCIe, XID...) extends this with issue #6.
+//! Post-boot validation judgement, pure: do the GPUs, driver, XIDs and checks the agent
+//! reports meet the image's `[validation]` section and pins? "Node Ready" is not "GPU
+//! Ready": every failure is named, per GPU where it concerns one, and a node is ready only
+//! when none remains. The agent reports raw readings; every threshold is decided here.
+
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-/// One GPU as the agent saw it through NVML. Unknown fields are accepted: a newer agent
-/// may report more than this server judges.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// PCIe link state: current and maximum generation and width.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PcieLink {
+    pub gen_current: u32,
+    pub gen_max: u32,
+    pub width_current: u32,
+    pub width_max: u32,
+}
+
+/// ECC error counters (NVML volatile = since driver load, aggregate = lifetime).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EccCounts {
+    pub volatile_corrected: u64,
+    pub volatile_uncorrected: u64,
+    pub aggregate_corrected: u64,
+    pub aggregate_uncorrected: u64,
+}
+
+/// Row remapping (NVML field values NVML_FI_DEV_REMAPPED_*), A100 and later.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowRemap {
+    pub correctable: u64,
+    pub uncorrectable: u64,
+    pub pending: bool,
+    pub failure: bool,
+}
+
+/// Retired pages (pre-A100 page retirement).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    pub single_bit: u64,
+    pub double_bit: u64,
+    pub pending: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    pub link: u32,
+    pub active: bool,
+}
+
+/// One GPU as the agent saw it through NVML. Every reading is optional: an older GPU or
+/// a failed query leaves it out, and a check that needs it says so. Unknown fields are
+/// accepted: a newer agent may report more than this server judges.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuFacts {
     pub index: u32,
     pub uuid: String,
+    pub serial: Option<String>,
     pub name: String,
-    #[serde(default)]
     pub memory_mib: Option<u64>,
+    pub pci_bus_id: Option<String>,
+    pub pcie: Option<PcieLink>,
+    pub ecc_enabled: Option<bool>,
+    pub ecc: Option<EccCounts>,
+    pub retired_pages: Option<RetiredPages>,
+    pub row_remap: Option<RowRemap>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+    pub throttle_reasons: Vec<String>,
+    pub persistence_mode: Option<bool>,
+    pub mig_enabled: Option<bool>,
+    pub nvlinks: Vec<NvLink>,
     /// An NVML error for this GPU ("Unknown Error", "GPU is lost"...).
-    #[serde(default)]
     pub error: Option<String>,
 }
 
-/// An optional check the agent ran (a compute probe, a DCGM diag...).
+/// An XID from the kernel log (`NVRM: Xid (PCI:0000:3b:00): 79, ...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Xid {
+    pub code: u32,
+    pub pci_bus_id: Option<String>,
+    #[serde(default)]
+    pub line: String,
+}
+
+/// An optional check the agent ran (a compute probe, one DCGM diagnostic test...).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckResult {
     pub name: String,
@@ -28,14 +93,18 @@ pub struct CheckResult {
     pub detail: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ValidationReport {
     /// Why NVML could not be used ("NVML unavailable: ..."); GPUs are then unknown.
-    #[serde(default)]
     pub nvml_error: Option<String>,
-    #[serde(default)]
+    /// The NVIDIA driver version NVML (or /proc/driver/nvidia/version) reports.
+    pub driver_version: Option<String>,
     pub gpus: Vec<GpuFacts>,
-    #[serde(default)]
+    /// XIDs since boot.
+    pub xids: Vec<Xid>,
+    /// DCGM diagnostic results, one per test, when the image asked for them.
+    pub dcgm: Option<Vec<CheckResult>>,
     pub checks: Vec<CheckResult>,
 }
 
@@ -53,9 +122,81 @@ pub struct ValidationVerdict {
     pub failures: Vec<Failure>,
 }
 
-/// Judges `report` against the manifest's `[validation]` (as JSON): `gpus` (count,
-/// default 0), `gpu-model` (a substring of every GPU's name), `min-gpu-memory-mib`.
-pub fn judge(report: &ValidationReport, expect: &serde_json::Value) -> ValidationVerdict {
+/// XIDs that mean the GPU is not fit for work until reset or replaced: 48 (double-bit
+/// ECC), 63/64 (row remapping event/failure), 74 (NVLink error), 79 (fell off the bus),
+/// 94/95 (contained/uncontained ECC error).
+pub const DEFAULT_FATAL_XIDS: [u32; 7] = [48, 63, 64, 74, 79, 94, 95];
+pub const DEFAULT_MAX_TEMPERATURE_C: u64 = 85;
+
+/// What `[validation]` asks for, with defaults; read from the manifest's JSON form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectations {
+    pub gpus: u64,
+    pub gpu_model: Option<String>,
+    pub min_memory_mib: Option<u64>,
+    pub pcie_gen: Option<u64>,
+    pub pcie_width: Option<u64>,
+    /// Active NVLinks each GPU must have (when set); and every reported link must be up.
+    pub nvlinks: Option<u64>,
+    pub ecc_required: bool,
+    pub max_temperature_c: u64,
+    pub fatal_xids: BTreeSet<u32>,
+    /// DCGM diag level required (its results must be present and pass).
+    pub dcgm_level: Option<u64>,
+    /// The pinned driver (`[pins] nvidia-driver`).
+    pub driver: Option<String>,
+}
+
+impl Expectations {
+    pub fn from_manifest(
+        validation: &serde_json::Value,
+        pins: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        let num = |k: &str| validation.get(k).and_then(|v| v.as_u64());
+        let gpus = num("gpus").unwrap_or(0);
+        Self {
+            gpus,
+            gpu_model: validation
+                .get("gpu-model")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            min_memory_mib: num("min-gpu-memory-mib"),
+            pcie_gen: num("pcie-gen"),
+            pcie_width: num("pcie-width"),
+            nvlinks: num("nvlinks"),
+            ecc_required: validation
+                .get("ecc")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(gpus > 0),
+            max_temperature_c: num("max-temperature-c").unwrap_or(DEFAULT_MAX_TEMPERATURE_C),
+            fatal_xids: validation
+                .get("fatal-xids")
+                .and_then(|v| v.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_u64())
+                        .map(|x| x as u32)
+                        .collect()
+                })
+                .unwrap_or_else(|| DEFAULT_FATAL_XIDS.into_iter().collect()),
+            dcgm_level: num("dcgm-level"),
+            driver: pins.get("nvidia-driver").cloned(),
+        }
+    }
+}
+
+/// Normalises a PCI bus id for comparison (`00000000:3B:00.0` and `0000:3b:00` match).
+fn bus_key(id: &str) -> String {
+    let id = id.to_ascii_lowercase();
+    let id = id.strip_suffix(".0").unwrap_or(&id);
+    let parts: Vec<&str> = id.split(':').collect();
+    match parts.as_slice() {
+        [.., bus, dev] => format!("{bus}:{dev}"),
+        _ => id.to_string(),
+    }
+}
+
+pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdict {
     let mut failures = Vec::new();
     let mut fail = |check: &str, gpu: Option<u32>, reason: String| {
         failures.push(Failure {
@@ -64,49 +205,210 @@ pub fn judge(report: &ValidationReport, expect: &serde_json::Value) -> Validatio
             reason,
         })
     };
-    let want_gpus = expect.get("gpus").and_then(|v| v.as_u64()).unwrap_or(0);
-    if want_gpus > 0
+    if want.gpus > 0
         && let Some(e) = &report.nvml_error
     {
         fail("nvml", None, e.clone());
     }
     let found = report.gpus.len() as u64;
-    if found != want_gpus {
-        let plural = if want_gpus == 1 { "" } else { "s" };
+    if found != want.gpus {
+        let plural = if want.gpus == 1 { "" } else { "s" };
         fail(
             "gpu-count",
             None,
-            format!("expected {want_gpus} GPU{plural}, found {found}"),
+            format!("expected {} GPU{plural}, found {found}", want.gpus),
         );
     }
-    let model = expect.get("gpu-model").and_then(|v| v.as_str());
-    let min_memory = expect.get("min-gpu-memory-mib").and_then(|v| v.as_u64());
-    for gpu in &report.gpus {
-        if let Some(e) = &gpu.error {
-            fail("nvml", Some(gpu.index), format!("GPU {}: {e}", gpu.index));
+    if want.gpus > 0
+        && let Some(pinned) = &want.driver
+    {
+        match &report.driver_version {
+            Some(v) if v == pinned => {}
+            Some(v) => fail(
+                "driver",
+                None,
+                format!("driver {v} is loaded, the image pins {pinned}"),
+            ),
+            None => fail(
+                "driver",
+                None,
+                format!("no driver version reported, the image pins {pinned}"),
+            ),
         }
-        if let Some(model) = model
-            && !gpu.name.contains(model)
+    }
+    for gpu in &report.gpus {
+        let i = Some(gpu.index);
+        let g = gpu.index;
+        if let Some(e) = &gpu.error {
+            fail("nvml", i, format!("GPU {g}: NVML: {e}"));
+        }
+        if let Some(model) = &want.gpu_model
+            && !gpu.name.contains(model.as_str())
         {
             fail(
                 "gpu-model",
-                Some(gpu.index),
-                format!("GPU {} is {:?}, expected {model}", gpu.index, gpu.name),
+                i,
+                format!("GPU {g} is {:?}, expected {model}", gpu.name),
             );
         }
-        if let Some(min) = min_memory
+        if let Some(min) = want.min_memory_mib
             && gpu.memory_mib.is_none_or(|m| m < min)
         {
+            let have = gpu
+                .memory_mib
+                .map_or("unknown".into(), |m| format!("{m} MiB"));
             fail(
                 "gpu-memory",
-                Some(gpu.index),
+                i,
+                format!("GPU {g} has {have}, expected at least {min} MiB"),
+            );
+        }
+        if want.pcie_gen.is_some() || want.pcie_width.is_some() {
+            match gpu.pcie {
+                None => fail("pcie", i, format!("GPU {g}: PCIe link not reported")),
+                Some(link) => {
+                    if let Some(gen_min) = want.pcie_gen
+                        && u64::from(link.gen_current) < gen_min
+                    {
+                        fail(
+                            "pcie",
+                            i,
+                            format!(
+                                "GPU {g}: PCIe gen {} (max {}), expected at least {gen_min}",
+                                link.gen_current, link.gen_max
+                            ),
+                        );
+                    }
+                    if let Some(width) = want.pcie_width
+                        && u64::from(link.width_current) < width
+                    {
+                        fail(
+                            "pcie",
+                            i,
+                            format!(
+                                "GPU {g}: PCIe x{} (max x{}), expected at least x{width}",
+                                link.width_current, link.width_max
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        let down: Vec<String> = gpu
+            .nvlinks
+            .iter()
+            .filter(|l| !l.active)
+            .map(|l| l.link.to_string())
+            .collect();
+        if !down.is_empty() {
+            fail(
+                "nvlink",
+                i,
+                format!("GPU {g}: NVLink {} down", down.join(", ")),
+            );
+        }
+        if let Some(links) = want.nvlinks
+            && down.is_empty()
+        {
+            // Links that are down are named above; here, links missing from the report.
+            let up = gpu.nvlinks.iter().filter(|l| l.active).count() as u64;
+            if up < links {
+                fail(
+                    "nvlink",
+                    i,
+                    format!("GPU {g}: {up} NVLinks up, expected {links}"),
+                );
+            }
+        }
+        if want.ecc_required && gpu.ecc_enabled != Some(true) {
+            let state = match gpu.ecc_enabled {
+                Some(false) => "disabled",
+                _ => "not reported",
+            };
+            fail("ecc", i, format!("GPU {g}: ECC {state}"));
+        }
+        if let Some(ecc) = gpu.ecc
+            && ecc.volatile_uncorrected > 0
+        {
+            fail(
+                "ecc",
+                i,
                 format!(
-                    "GPU {} has {} MiB, expected at least {min}",
-                    gpu.index,
-                    gpu.memory_mib.map_or("unknown".into(), |m| m.to_string())
+                    "GPU {g}: {} uncorrected ECC errors since the driver loaded",
+                    ecc.volatile_uncorrected
                 ),
             );
         }
+        if let Some(r) = gpu.row_remap {
+            if r.pending {
+                fail(
+                    "row-remap",
+                    i,
+                    format!("GPU {g}: row remapping pending (needs a GPU reset)"),
+                );
+            }
+            if r.failure {
+                fail(
+                    "row-remap",
+                    i,
+                    format!("GPU {g}: row remapping failed (no spare rows left)"),
+                );
+            }
+        }
+        if let Some(p) = gpu.retired_pages
+            && p.pending
+        {
+            fail(
+                "retired-pages",
+                i,
+                format!("GPU {g}: page retirement pending (needs a GPU reset)"),
+            );
+        }
+        if let Some(t) = gpu.temperature_c
+            && u64::from(t) > want.max_temperature_c
+        {
+            fail(
+                "temperature",
+                i,
+                format!("GPU {g}: {t} C, above {} C", want.max_temperature_c),
+            );
+        }
+    }
+    for xid in report
+        .xids
+        .iter()
+        .filter(|x| want.fatal_xids.contains(&x.code))
+    {
+        let gpu = xid.pci_bus_id.as_deref().and_then(|bus| {
+            report
+                .gpus
+                .iter()
+                .find(|g| {
+                    g.pci_bus_id
+                        .as_deref()
+                        .is_some_and(|b| bus_key(b) == bus_key(bus))
+                })
+                .map(|g| g.index)
+        });
+        let at = xid.pci_bus_id.as_deref().unwrap_or("unknown GPU");
+        fail("xid", gpu, format!("XID {} on {at} since boot", xid.code));
+    }
+    match (&report.dcgm, want.dcgm_level) {
+        (None, Some(level)) => fail(
+            "dcgm",
+            None,
+            format!("DCGM diag level {level} was asked for and not reported"),
+        ),
+        (Some(tests), _) => {
+            for t in tests.iter().filter(|t| !t.passed) {
+                fail(
+                    "dcgm",
+                    None,
+                    format!("DCGM {} failed: {}", t.name, t.detail),
+                );
+            }
+        }
+        (None, None) => {}
     }
     for check in report.checks.iter().filter(|c| !c.passed) {
         fail(
@@ -125,82 +427,153 @@ pub fn judge(report: &ValidationReport, expect: &serde_json::Value) -> Validatio
 mod tests {
     use super::*;
 
+    fn want() -> Expectations {
+        Expectations::from_manifest(
+            &serde_json::json!({ "gpus": 2, "gpu-model": "H100", "min-gpu-memory-mib": 80000, "pcie-gen": 5, "pcie-width": 16 }),
+            &[("nvidia-driver".to_string(), "550.127.05".to_string())].into(),
+        )
+    }
+
     fn gpu(index: u32) -> GpuFacts {
         GpuFacts {
             index,
-            uuid: format!("GPU-{index:08}"),
+            uuid: format!("GPU-{index}"),
             name: "NVIDIA H100 80GB HBM3".into(),
             memory_mib: Some(81559),
-            error: None,
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index)),
+            pcie: Some(PcieLink {
+                gen_current: 5,
+                gen_max: 5,
+                width_current: 16,
+                width_max: 16,
+            }),
+            ecc_enabled: Some(true),
+            ecc: Some(EccCounts::default()),
+            row_remap: Some(RowRemap::default()),
+            temperature_c: Some(34),
+            nvlinks: (0..18).map(|link| NvLink { link, active: true }).collect(),
+            ..Default::default()
         }
     }
 
-    fn expect() -> serde_json::Value {
-        serde_json::json!({ "gpus": 8, "gpu-model": "H100", "min-gpu-memory-mib": 80000 })
+    fn healthy() -> ValidationReport {
+        ValidationReport {
+            driver_version: Some("550.127.05".into()),
+            gpus: vec![gpu(0), gpu(1)],
+            ..Default::default()
+        }
     }
 
-    fn reasons(v: &ValidationVerdict) -> Vec<&str> {
-        v.failures.iter().map(|f| f.reason.as_str()).collect()
-    }
-
-    #[test]
-    fn eight_healthy_gpus_pass() {
-        let report = ValidationReport {
-            nvml_error: None,
-            gpus: (0..8).map(gpu).collect(),
-            checks: vec![],
-        };
-        assert!(judge(&report, &expect()).passed);
-    }
-
-    #[test]
-    fn no_gpu_on_a_gpu_image_fails_by_name_and_a_cpu_image_passes() {
-        let report = ValidationReport {
-            nvml_error: Some("NVML unavailable: libnvidia-ml.so.1 not found".into()),
-            gpus: vec![],
-            checks: vec![],
-        };
-        let v = judge(&report, &expect());
-        assert!(!v.passed);
-        assert_eq!(
-            reasons(&v),
-            [
-                "NVML unavailable: libnvidia-ml.so.1 not found",
-                "expected 8 GPUs, found 0"
-            ]
-        );
-        assert!(judge(&report, &serde_json::json!({})).passed);
-    }
-
-    #[test]
-    fn each_bad_gpu_and_check_is_named() {
-        let mut gpus: Vec<GpuFacts> = (0..8).map(gpu).collect();
-        gpus[3].error = Some("Unknown Error".into());
-        gpus[5].name = "NVIDIA A100-SXM4-80GB".into();
-        gpus[6].memory_mib = Some(40000);
-        let report = ValidationReport {
-            nvml_error: None,
-            gpus,
-            checks: vec![CheckResult {
-                name: "compute-probe".into(),
-                passed: false,
-                detail: "exit status 1".into(),
-            }],
-        };
-        let v = judge(&report, &expect());
-        let got: Vec<(&str, Option<u32>)> = v
+    fn failures(r: &ValidationReport) -> Vec<(String, Option<u32>)> {
+        judge(r, &want())
             .failures
-            .iter()
-            .map(|f| (f.check.as_str(), f.gpu))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("nvml", Some(3)),
-                ("gpu-model", Some(5)),
-                ("gpu-memory", Some(6)),
-                ("check.compute-probe", None)
-            ]
+            .into_iter()
+            .map(|f| (f.check, f.gpu))
+            .collect()
+    }
+
+    #[test]
+    fn a_healthy_node_passes_and_a_cpu_image_needs_no_gpu() {
+        assert!(judge(&healthy(), &want()).passed);
+        let cpu = Expectations::from_manifest(&serde_json::json!({}), &Default::default());
+        let no_gpu = ValidationReport {
+            nvml_error: Some("NVML unavailable: no driver".into()),
+            ..Default::default()
+        };
+        assert!(judge(&no_gpu, &cpu).passed);
+        let v = judge(&no_gpu, &want());
+        assert!(
+            v.failures
+                .iter()
+                .any(|f| f.reason == "expected 2 GPUs, found 0"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn each_fault_is_named_on_its_gpu() {
+        let check = |change: fn(&mut ValidationReport), expected: &[(&str, Option<u32>)]| {
+            let mut r = healthy();
+            change(&mut r);
+            let got = failures(&r);
+            let want: Vec<(String, Option<u32>)> =
+                expected.iter().map(|(c, g)| (c.to_string(), *g)).collect();
+            assert_eq!(got, want);
+        };
+        check(
+            |r| {
+                r.gpus[1].ecc = Some(EccCounts {
+                    volatile_uncorrected: 2,
+                    ..Default::default()
+                })
+            },
+            &[("ecc", Some(1))],
+        );
+        check(
+            |r| {
+                r.gpus[0].row_remap = Some(RowRemap {
+                    pending: true,
+                    ..Default::default()
+                })
+            },
+            &[("row-remap", Some(0))],
+        );
+        check(
+            |r| r.gpus[1].pcie.as_mut().unwrap().width_current = 8,
+            &[("pcie", Some(1))],
+        );
+        check(
+            |r| r.gpus[0].nvlinks[3].active = false,
+            &[("nvlink", Some(0))],
+        );
+        check(
+            |r| r.gpus[1].error = Some("Unknown Error".into()),
+            &[("nvml", Some(1))],
+        );
+        check(
+            |r| r.driver_version = Some("535.104.05".into()),
+            &[("driver", None)],
+        );
+        check(|r| r.gpus[0].ecc_enabled = Some(false), &[("ecc", Some(0))]);
+        check(
+            |r| r.gpus[1].temperature_c = Some(91),
+            &[("temperature", Some(1))],
+        );
+        check(
+            |r| {
+                r.xids.push(Xid {
+                    code: 79,
+                    pci_bus_id: Some("0000:19:00".into()),
+                    line: String::new(),
+                })
+            },
+            &[("xid", Some(1))],
+        );
+        check(
+            |r| {
+                r.xids.push(Xid {
+                    code: 13,
+                    pci_bus_id: None,
+                    line: String::new(),
+                })
+            },
+            &[],
+        );
+        check(
+            |r| {
+                r.dcgm = Some(vec![CheckResult {
+                    name: "Memory".into(),
+                    passed: false,
+                    detail: "error".into(),
+                }])
+            },
+            &[("dcgm", None)],
+        );
+        check(
+            |r| {
+                r.gpus.pop();
+            },
+            &[("gpu-count", None)],
         );
     }
 }

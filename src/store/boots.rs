@@ -156,6 +156,19 @@ impl Store {
         Ok(())
     }
 
+    /// How many times the node failed validation since it was last ready (or ever).
+    pub async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM node_history WHERE mac = ? AND to_state = 'validation-failed'
+             AND id > COALESCE((SELECT MAX(id) FROM node_history WHERE mac = ? AND to_state = 'ready'), 0)",
+        )
+        .bind(mac.to_string())
+        .bind(mac.to_string())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n.max(0) as u32)
+    }
+
     /// Asks for revalidation; false when the node is unknown.
     pub async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")

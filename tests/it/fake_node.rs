@@ -43,9 +43,20 @@ pub fn field<'s>(script: &'s str, key: &str) -> &'s str {
         .unwrap_or_else(|| panic!("{key} not in {script}"))
 }
 
-pub fn gpus(n: u32) -> Value {
-    (0..n)
-        .map(|i| json!({ "index": i, "uuid": format!("GPU-{i:08x}"), "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559 }))
+/// A healthy 8-GPU HGX H100 validation report (tests/fixtures/gpu/hgx-h100-healthy.json).
+pub fn healthy() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gpu/hgx-h100-healthy.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The UUIDs of the first `n` GPUs of `healthy()`.
+pub fn gpu_uuids(n: usize) -> Vec<String> {
+    healthy()["gpus"].as_array().unwrap()[..n]
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
         .collect()
 }
 
@@ -184,7 +195,7 @@ impl<'a> FakeNode<'a> {
             (200, &json!(true)),
             "{verdict}"
         );
-        let (status, verdict) = self.validate(&boot, json!({ "gpus": gpus(8) })).await;
+        let (status, verdict) = self.validate(&boot, healthy()).await;
         assert_eq!(
             (status, &verdict["passed"]),
             (200, &json!(true)),

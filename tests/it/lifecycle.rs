@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::fake_node::{FakeNode, gpus};
+use crate::fake_node::{FakeNode, gpu_uuids, healthy};
 use crate::harness::*;
 
 async fn publish_tagged(server: &TestServer, version: &str, seed: u64) -> Value {
@@ -114,7 +114,7 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
     // Same facts as attested: no drift, nothing to do.
     let facts = json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boot.cmdline,
         "versions": { "nvidia-driver": "550.127.05" }, "modules": { "nvidia": "550.127.05" },
-        "gpus": (0..8).map(|i| format!("GPU-{i:08x}")).collect::<Vec<_>>() });
+        "gpus": gpu_uuids(8) });
     let (status, answer) = node.heartbeat(&boot, Some(facts)).await;
     assert_eq!((status, &answer), (200, &json!({ "action": "none" })));
 
@@ -233,7 +233,7 @@ async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
     let drifted = |boot: &crate::fake_node::Boot| {
         json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boot.cmdline,
             "versions": { "nvidia-driver": "535.104.05" },
-            "gpus": (0..7).map(|i| format!("GPU-{i:08x}")).collect::<Vec<_>>() })
+            "gpus": gpu_uuids(7) })
     };
     // Flag only (the default): drifted, with the differences named; nothing to do.
     let (status, answer) = training.heartbeat(&t1, Some(drifted(&t1))).await;
@@ -251,7 +251,7 @@ async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
     let reason = node["state_reason"].as_str().unwrap();
     assert!(
         reason.contains("versions.nvidia-driver: was 550.127.05, now 535.104.05")
-            && reason.contains("gpus: was GPU-00000007, now (absent)"),
+            && reason.contains(&format!("gpus: was {}, now (absent)", gpu_uuids(8)[7])),
         "{reason}"
     );
 
@@ -367,7 +367,7 @@ async fn a_silent_node_becomes_unreachable_and_is_revalidated_when_back() {
     let (_, answer) = node.heartbeat(&boot, None).await;
     assert_eq!(answer["action"], "revalidate");
     assert_eq!(node.state().await, "validating");
-    let (_, verdict) = node.validate(&boot, json!({ "gpus": gpus(8) })).await;
+    let (_, verdict) = node.validate(&boot, healthy()).await;
     assert_eq!(verdict["passed"], true);
     assert_eq!(node.state().await, "ready");
 
@@ -390,33 +390,176 @@ async fn a_silent_node_becomes_unreachable_and_is_revalidated_when_back() {
 }
 
 #[tokio::test]
-async fn failed_validation_is_named_and_never_ready() {
-    let server = TestServer::start().await;
+async fn failed_validation_reimages_then_quarantines_and_is_never_ready() {
+    let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 1).await;
     let image = publish_tagged(&server, "1", 6).await;
     let node = FakeNode::new(&server, "52-54-00-10-00-06");
     assign(&server, &node.mac, "demo:stable").await;
     let boot = node.boot().await;
     // Validation before attestation is refused.
-    let (status, _) = node.validate(&boot, json!({ "gpus": gpus(8) })).await;
+    let (status, _) = node.validate(&boot, healthy()).await;
     assert_eq!(status, 409);
     let artifacts = node.fetch_all(&boot).await;
     node.attest(&boot, node.report(&boot, &image, &artifacts))
         .await;
+    // A GPU image on a machine without GPUs.
     let no_gpu = json!({ "nvml_error": "NVML unavailable: libnvidia-ml.so.1: cannot open shared object file", "gpus": [] });
     let (status, verdict) = node.validate(&boot, no_gpu).await;
     assert_eq!(status, 200);
     assert_eq!(verdict["passed"], false);
     let detail = node.node().await;
-    assert_eq!(detail["state"], "validation-failed");
-    let reason = detail["state_reason"].as_str().unwrap();
-    assert!(reason.contains("expected 8 GPUs, found 0"), "{reason}");
     assert_eq!(detail["boots"][0]["stopped_at"], "validated");
-    // One GPU with an NVML error among eight: still not ready, the GPU named.
-    let mut eight = gpus(8);
-    eight[3]["error"] = json!("Unknown Error");
-    let (_, verdict) = node.validate(&boot, json!({ "gpus": eight })).await;
+    let history = detail["history"].as_array().unwrap();
+    let failed = history
+        .iter()
+        .rev()
+        .find(|h| h["to"] == "validation-failed")
+        .unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("expected 8 GPUs, found 0"),
+        "{failed}"
+    );
+    // The failure policy: reimage (attempt 1 of 1), and the heartbeat says reboot.
+    assert_eq!(detail["state"], "reimaging");
+    assert!(
+        detail["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("attempt 1 of 1")
+    );
+    assert_eq!(node.heartbeat(&boot, None).await.1["action"], "reboot");
+
+    // Second boot: one GPU answers NVML with "Unknown Error": quarantined.
+    let boot = node.boot().await;
+    let artifacts = node.fetch_all(&boot).await;
+    node.attest(&boot, node.report(&boot, &image, &artifacts))
+        .await;
+    let mut eight = healthy();
+    eight["gpus"][3]["error"] = json!("Unknown Error");
+    let (_, verdict) = node.validate(&boot, eight).await;
     assert_eq!(verdict["failures"][0]["gpu"], 3, "{verdict}");
-    assert_eq!(node.state().await, "validation-failed");
+    let detail = node.node().await;
+    assert_eq!(detail["state"], "quarantined");
+    assert!(
+        detail["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 3: NVML: Unknown Error"),
+        "{detail}"
+    );
+    // A quarantined node is held: its next script boots nothing.
+    assert!(node.script().await.contains("quarantined"));
+    server.stop().await;
+}
+
+/// Recorded readings of an 8-GPU HGX H100 node with one fault each drive the real
+/// judgement through the API; each ends in the right state with the right named reason,
+/// and none ends ready.
+#[tokio::test]
+async fn every_gpu_fault_fixture_is_named_and_none_is_ready() {
+    let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 0).await;
+    // [validation] is the manifest's last table: these keys extend it.
+    let manifest_extra = "pcie-gen = 5\npcie-width = 16\nnvlinks = 18\ndcgm-level = 2\n";
+    let mut entries = good_entries("hgx", "1", b"k");
+    let text = String::from_utf8(entries[0].data.clone()).unwrap() + manifest_extra;
+    entries[0].data = text.into_bytes();
+    let (status, image) = server
+        .publish_query(tar_of(&entries), "?tag=hgx:stable")
+        .await;
+    assert_eq!(status, 201, "{image}");
+    type Fault = (&'static str, fn(&mut Value), &'static str);
+    let faults: [Fault; 10] = [
+        ("healthy", |_| {}, ""),
+        (
+            "one GPU missing",
+            |r| {
+                r["gpus"].as_array_mut().unwrap().pop();
+            },
+            "expected 8 GPUs, found 7",
+        ),
+        (
+            "uncorrected ECC",
+            |r| r["gpus"][2]["ecc"]["volatile_uncorrected"] = json!(4),
+            "GPU 2: 4 uncorrected ECC errors",
+        ),
+        (
+            "row remap pending",
+            |r| r["gpus"][5]["row_remap"]["pending"] = json!(true),
+            "GPU 5: row remapping pending",
+        ),
+        (
+            "PCIe downtrained to x8",
+            |r| r["gpus"][1]["pcie"]["width_current"] = json!(8),
+            "GPU 1: PCIe x8 (max x16), expected at least x16",
+        ),
+        (
+            "an NVLink down",
+            |r| r["gpus"][6]["nvlinks"][11]["active"] = json!(false),
+            "GPU 6: NVLink 11 down",
+        ),
+        (
+            "XID 79",
+            |r| r["xids"] = json!([{ "code": 79, "pci_bus_id": "0000:9a:00", "line": "NVRM: Xid (PCI:0000:9a:00): 79, pid=1234, GPU has fallen off the bus." }]),
+            "XID 79 on 0000:9a:00",
+        ),
+        (
+            "NVML Unknown Error",
+            |r| r["gpus"][7]["error"] = json!("Unknown Error"),
+            "GPU 7: NVML: Unknown Error",
+        ),
+        (
+            "driver not the pinned one",
+            |r| r["driver_version"] = json!("535.104.05"),
+            "driver 535.104.05 is loaded, the image pins 550.127.05",
+        ),
+        (
+            "DCGM diag failing one test",
+            |r| {
+                r["dcgm"][2] =
+                    json!({ "name": "memory", "passed": false, "detail": "DBE detected on GPU 3" })
+            },
+            "DCGM memory failed: DBE detected on GPU 3",
+        ),
+    ];
+    for (i, (name, fault, reason)) in faults.iter().enumerate() {
+        let node = FakeNode::new(&server, &format!("52-54-00-20-00-{i:02x}"));
+        assign(&server, &node.mac, "hgx:stable").await;
+        let boot = node.boot().await;
+        let artifacts = node.fetch_all(&boot).await;
+        let (status, v) = node
+            .attest(&boot, node.report(&boot, &image, &artifacts))
+            .await;
+        assert_eq!((status, &v["passed"]), (200, &json!(true)), "{name}: {v}");
+        let mut report = healthy();
+        fault(&mut report);
+        let (status, verdict) = node.validate(&boot, report).await;
+        assert_eq!(status, 200, "{name}: {verdict}");
+        let detail = node.node().await;
+        if reason.is_empty() {
+            assert_eq!(detail["state"], "ready", "{name}: {verdict}");
+            continue;
+        }
+        assert_eq!(verdict["passed"], false, "{name}");
+        assert_eq!(detail["state"], "quarantined", "{name}");
+        let failed = detail["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["to"] == "validation-failed")
+            .unwrap();
+        assert!(
+            failed["reason"].as_str().unwrap().contains(reason),
+            "{name}: {failed}"
+        );
+        assert_eq!(
+            verdict["failures"].as_array().unwrap().len(),
+            1,
+            "{name}: exactly one failure: {verdict}"
+        );
+    }
     server.stop().await;
 }
 
