@@ -1,6 +1,7 @@
 //! bootfleet: network-boot, stateless provisioning for bare-metal GPU clusters.
 //! See ARCHITECTURE.md for the codemap and the invariants each module keeps.
 
+pub mod agent;
 pub mod auth;
 pub mod boot;
 pub mod cli;

@@ -151,6 +151,13 @@ impl BootService {
             .filter(|a| matches!(a.role, Role::Kernel | Role::Initrd))
             .map(|a| (a.path.clone(), a.digest, a.size))
             .collect();
+        let others: Vec<(String, Digest, u64)> = image
+            .record
+            .artifacts
+            .iter()
+            .filter(|a| !matches!(a.role, Role::Kernel | Role::Initrd))
+            .map(|a| (a.path.clone(), a.digest, a.size))
+            .collect();
         // Downloads still being written down would look like missing ones.
         self.fetches.flush().await;
         let mut received: BTreeMap<Digest, Received> = BTreeMap::new();
@@ -168,6 +175,7 @@ impl BootService {
                 pins: &image.manifest.pins,
                 artifacts: &artifacts,
                 delivered_by_script: &by_script,
+                other_sizes: &others,
                 received: &received,
             },
         );

@@ -161,6 +161,8 @@ impl BootTemplates {
             format!("bootfleet.server={}", b.server),
             format!("bootfleet.boot={}", b.boot_id),
             format!("bootfleet.token={}", b.token),
+            format!("bootfleet.image={}", b.image.digest),
+            format!("bootfleet.mac={}", b.mac),
         ]
         .into_iter()
         .filter(|s| !s.is_empty())

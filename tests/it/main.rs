@@ -1,5 +1,6 @@
 //! bootfleet integration tests: one binary, one module per area.
 
+mod agent;
 mod auth;
 mod blobs;
 mod bundles;

@@ -1,0 +1,54 @@
+//! The boot's parameters on the kernel command line, as the boot script put them there:
+//! `bootfleet.server=`, `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`.
+
+use crate::digest::Digest;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BootParams {
+    pub server: Option<String>,
+    pub boot: Option<String>,
+    pub token: Option<String>,
+    pub image: Option<Digest>,
+    /// The MAC the node booted from (the node's identity at the server).
+    pub mac: Option<crate::node::mac::Mac>,
+}
+
+pub fn parse(cmdline: &str) -> BootParams {
+    let mut p = BootParams::default();
+    for word in cmdline.split_whitespace() {
+        let Some((key, value)) = word.split_once('=') else {
+            continue;
+        };
+        match key {
+            "bootfleet.server" => p.server = Some(value.to_string()),
+            "bootfleet.boot" => p.boot = Some(value.to_string()),
+            "bootfleet.token" => p.token = Some(value.to_string()),
+            "bootfleet.image" => p.image = value.parse().ok(),
+            "bootfleet.mac" => p.mac = value.parse().ok(),
+            _ => {}
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_words_are_found_among_the_others() {
+        let d = Digest::of(b"image");
+        let p = parse(&format!(
+            "initrd=initrd.img console=ttyS0 bootfleet.server=http://10.0.0.1:8080 bootfleet.boot=0123456789abcdef bootfleet.token=t0k bootfleet.image={d} bootfleet.mac=52-54-00-12-34-56 quiet\n"
+        ));
+        assert_eq!(p.server.as_deref(), Some("http://10.0.0.1:8080"));
+        assert_eq!(p.boot.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(p.token.as_deref(), Some("t0k"));
+        assert_eq!(p.image, Some(d));
+        assert_eq!(
+            p.mac.map(|m| m.to_string()).as_deref(),
+            Some("52:54:00:12:34:56")
+        );
+        assert_eq!(parse("quiet"), BootParams::default());
+    }
+}

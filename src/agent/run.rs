@@ -1,0 +1,156 @@
+//! The agent's conversation with the server: attest, validate, then heartbeat and carry
+//! out the answer. Transient failures (no route, 5xx, 429) are retried with back-off,
+//! forever: a node must never give up because the server restarted.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::facts::{SystemFacts, collect};
+use super::gpu::GpuSource;
+use crate::digest::Digest;
+use crate::node::mac::Mac;
+
+pub struct Agent {
+    pub http: reqwest::Client,
+    pub server: String,
+    pub boot: String,
+    pub token: String,
+    pub mac: Mac,
+    pub image: Digest,
+    /// Where /proc, /sys, /etc and /dev/kmsg are read from.
+    pub root: PathBuf,
+    pub gpus: Box<dyn GpuSource + Send + Sync>,
+    pub heartbeat_every: Duration,
+}
+
+/// How the conversation ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server asked for a reboot (a reimage).
+    Reboot,
+    /// `--once`: one heartbeat was answered.
+    Done,
+}
+
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+impl Agent {
+    /// POSTs `body` to `route` until the server gives a definite answer.
+    async fn post(&self, route: &str, body: &Value) -> (u16, Value) {
+        let url = format!("{}{route}", self.server.trim_end_matches('/'));
+        let mut wait = FIRST_RETRY;
+        loop {
+            let sent = self
+                .http
+                .post(&url)
+                .bearer_auth(&self.token)
+                .json(body)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if !(r.status().is_server_error() || r.status().as_u16() == 429) => {
+                    let status = r.status().as_u16();
+                    let text = r.text().await.unwrap_or_default();
+                    return (
+                        status,
+                        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                    );
+                }
+                Ok(r) => eprintln!(
+                    "bootfleet-agent: {route}: server answered {}; retrying in {wait:?}",
+                    r.status()
+                ),
+                Err(e) => eprintln!("bootfleet-agent: {route}: {e}; retrying in {wait:?}"),
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_RETRY);
+        }
+    }
+
+    fn facts(&self) -> SystemFacts {
+        collect(&self.root)
+    }
+
+    fn say(step: &str, status: u16, answer: &Value) {
+        println!(
+            "{}",
+            json!({ "step": step, "status": status, "answer": answer })
+        );
+    }
+
+    pub async fn attest(&self) -> Result<(), String> {
+        let f = self.facts();
+        let report = json!({
+            "image_digest": self.image,
+            "kernel_release": f.kernel_release,
+            "cmdline": f.cmdline,
+            "versions": f.versions,
+            "modules": f.modules,
+        });
+        let body = json!({ "boot_id": self.boot, "mac": self.mac, "report": report });
+        let (status, answer) = self.post("/api/v1/agent/attest", &body).await;
+        Self::say("attest", status, &answer);
+        match status {
+            200 | 409 => Ok(()), // 409: attested before (the agent restarted)
+            _ => Err(format!("attestation refused ({status}): {answer}")),
+        }
+    }
+
+    pub async fn validate(&self) -> Result<(), String> {
+        let mut report = self.gpus.read();
+        report.xids.extend(super::xid::from_kernel_log(&self.root));
+        if report.driver_version.is_none() {
+            report.driver_version = self.facts().versions.get("nvidia-driver").cloned();
+        }
+        let (nvml_error, gpus) = (report.nvml_error.clone(), report.gpus.len());
+        let body = json!({ "boot_id": self.boot, "mac": self.mac, "report": report });
+        let (status, answer) = self.post("/api/v1/agent/validate", &body).await;
+        println!(
+            "{}",
+            json!({ "step": "validate", "status": status, "answer": answer, "gpus": gpus, "nvml_error": nvml_error })
+        );
+        match status {
+            200 | 409 => Ok(()),
+            _ => Err(format!("validation refused ({status}): {answer}")),
+        }
+    }
+
+    pub async fn heartbeat(&self) -> Result<String, String> {
+        let f = self.facts();
+        let gpus: Vec<String> = self.gpus.read().gpus.into_iter().map(|g| g.uuid).collect();
+        let facts = json!({
+            "kernel_release": f.kernel_release,
+            "cmdline": f.cmdline,
+            "versions": f.versions,
+            "modules": f.modules,
+            "gpus": gpus,
+        });
+        let body = json!({ "boot_id": self.boot, "mac": self.mac, "facts": facts });
+        let (status, answer) = self.post("/api/v1/agent/heartbeat", &body).await;
+        Self::say("heartbeat", status, &answer);
+        if status != 200 {
+            return Err(format!("heartbeat refused ({status}): {answer}"));
+        }
+        Ok(answer["action"].as_str().unwrap_or("none").to_string())
+    }
+
+    /// Attest, validate, then heartbeat until the server says reboot (or once).
+    pub async fn run(&self, once: bool) -> Result<Outcome, String> {
+        self.attest().await?;
+        self.validate().await?;
+        loop {
+            match self.heartbeat().await?.as_str() {
+                "reboot" => return Ok(Outcome::Reboot),
+                "revalidate" => self.validate().await?,
+                _ => {}
+            }
+            if once {
+                return Ok(Outcome::Done);
+            }
+            tokio::time::sleep(self.heartbeat_every).await;
+        }
+    }
+}

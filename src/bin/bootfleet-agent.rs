@@ -1,0 +1,119 @@
+//! `bootfleet-agent`: runs on a booted node (see `bootfleet::agent`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bootfleet::agent::boot_params;
+use bootfleet::agent::gpu::{GpuSource, Nvml, Recorded};
+use bootfleet::agent::run::{Agent, Outcome};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bootfleet-agent",
+    version,
+    about = "Reports what a bootfleet node runs: attestation, GPU validation, heartbeats",
+    long_about = "Reports what a bootfleet node runs. It reads bootfleet.server=, bootfleet.boot=, \
+        bootfleet.token=, bootfleet.image= and bootfleet.mac= from the kernel command line (the \
+        flags override them), posts attestation, then validation (GPUs through NVML, XIDs from \
+        the kernel log), then heartbeats, and reboots when the server asks. Transient errors are \
+        retried with back-off, forever."
+)]
+struct Args {
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long)]
+    boot: Option<String>,
+    #[arg(long, env = "BOOTFLEET_BOOT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long)]
+    image: Option<String>,
+    #[arg(long)]
+    mac: Option<String>,
+    /// Root of the /proc, /sys, /etc and /dev/kmsg to read.
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// Replay GPU readings from this JSON file instead of asking NVML.
+    #[arg(long)]
+    gpu_readings: Option<PathBuf>,
+    /// Seconds between heartbeats.
+    #[arg(long, default_value_t = 30)]
+    heartbeat_secs: u64,
+    /// Stop after the first heartbeat's answer.
+    #[arg(long)]
+    once: bool,
+    /// On "reboot", exit with status 3 instead of rebooting.
+    #[arg(long)]
+    no_reboot: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cmdline = std::fs::read_to_string(args.root.join("proc/cmdline")).unwrap_or_default();
+    let p = boot_params::parse(&cmdline);
+    let missing = |what: &str| {
+        eprintln!(
+            "bootfleet-agent: no {what}: not on the kernel command line (bootfleet.{what}=) nor given as --{what}"
+        );
+        ExitCode::from(2)
+    };
+    let Some(server) = args.server.or(p.server) else {
+        return missing("server");
+    };
+    let Some(boot) = args.boot.or(p.boot) else {
+        return missing("boot");
+    };
+    let Some(token) = args.token.or(p.token) else {
+        return missing("token");
+    };
+    let Some(image) = args.image.and_then(|i| i.parse().ok()).or(p.image) else {
+        return missing("image");
+    };
+    let Some(mac) = args.mac.and_then(|m| m.parse().ok()).or(p.mac) else {
+        return missing("mac");
+    };
+    let gpus: Box<dyn GpuSource + Send + Sync> = match args.gpu_readings {
+        Some(path) => Box::new(Recorded(path)),
+        None => Box::new(Nvml),
+    };
+    let agent = Agent {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("HTTP client builds"),
+        server,
+        boot,
+        token,
+        mac,
+        image,
+        root: args.root,
+        gpus,
+        heartbeat_every: Duration::from_secs(args.heartbeat_secs.max(1)),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime builds");
+    match runtime.block_on(agent.run(args.once)) {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Reboot) if args.no_reboot => {
+            eprintln!("bootfleet-agent: the server asks for a reboot (--no-reboot: exiting 3)");
+            ExitCode::from(3)
+        }
+        Ok(Outcome::Reboot) => {
+            eprintln!("bootfleet-agent: the server asks for a reboot; rebooting");
+            // busybox and systemd both have `reboot -f`; sysrq is the last resort.
+            let done = std::process::Command::new("reboot").arg("-f").status();
+            if done.map(|s| s.success()).unwrap_or(false) {
+                return ExitCode::SUCCESS;
+            }
+            let _ = std::fs::write("/proc/sysrq-trigger", "b");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("bootfleet-agent: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The real `bootfleet-agent` binary against an in-process server: it reads a recorded
+//! /proc and /sys tree (its `--root`) and recorded GPU readings, or real NVML where there
+//! is no GPU, and takes nodes to the state their readings deserve.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::fake_node::{Boot, FakeNode, healthy};
+use crate::harness::*;
+
+fn agent_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_bootfleet-agent"))
+}
+
+/// A node's /proc, /sys and /dev/kmsg as the agent reads them.
+fn node_root(boot: &Boot, kmsg: &str) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let w = |p: &str, s: &str| {
+        let path = root.path().join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, s).unwrap();
+    };
+    w("proc/cmdline", &format!("{}\n", boot.cmdline));
+    w("proc/sys/kernel/osrelease", "6.1.0-28-cloud-amd64\n");
+    w(
+        "proc/modules",
+        "nvidia 54001664 2 - Live 0x0000000000000000 (POE)\n",
+    );
+    w("sys/module/nvidia/version", "550.127.05\n");
+    w(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 03:22:07 UTC 2024\n",
+    );
+    w("dev/kmsg", kmsg);
+    root
+}
+
+async fn run_agent(root: &Path, readings: Option<&Path>, extra: &[&str]) -> (i32, String) {
+    let mut cmd = tokio::process::Command::new(agent_bin());
+    cmd.arg("--root").arg(root).arg("--once").args(extra);
+    if let Some(r) = readings {
+        cmd.arg("--gpu-readings").arg(r);
+    }
+    // tokio's Command: a blocking wait would stall the in-process server.
+    let out = cmd.output().await.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn readings_file(dir: &Path, report: &Value) -> std::path::PathBuf {
+    let path = dir.join("readings.json");
+    std::fs::write(&path, report.to_string()).unwrap();
+    path
+}
+
+async fn booted<'a>(server: &'a TestServer, mac: &str, tag: &str) -> (FakeNode<'a>, Boot) {
+    let node = FakeNode::new(server, mac);
+    let r = server
+        .put(&format!("/api/v1/nodes/{mac}/image"))
+        .json(&json!({ "image": tag }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let boot = node.boot().await;
+    node.fetch_all(&boot).await; // what iPXE does before the kernel runs
+    (node, boot)
+}
+
+#[tokio::test]
+async fn the_agent_takes_a_gpu_node_to_ready_and_an_xid_to_quarantine() {
+    let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 0).await;
+    server
+        .publish_query(good_bundle("hgx", "1", b"kernel"), "?tag=hgx:stable")
+        .await;
+    let (node, boot) = booted(&server, "52-54-00-30-00-01", "hgx:stable").await;
+    let root = node_root(
+        &boot,
+        "6,100,1000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module 550.127.05\n",
+    );
+    let readings = readings_file(root.path(), &healthy());
+    let (code, out) = run_agent(root.path(), Some(&readings), &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(r#""status":200,"step":"heartbeat""#), "{out}");
+    assert_eq!(node.state().await, "ready", "{out}");
+
+    // Same readings, but the kernel log has an XID 79 since boot.
+    let (node, boot) = booted(&server, "52-54-00-30-00-02", "hgx:stable").await;
+    let root = node_root(
+        &boot,
+        "4,2000,5000000,-;NVRM: Xid (PCI:0000:5d:00): 79, pid=2314, name=python3, GPU has fallen off the bus.\n",
+    );
+    let readings = readings_file(root.path(), &healthy());
+    let (code, out) = run_agent(root.path(), Some(&readings), &[]).await;
+    assert_eq!(code, 0, "{out}");
+    let detail = node.node().await;
+    assert_eq!(detail["state"], "quarantined", "{out}");
+    let failed = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["to"] == "validation-failed")
+        .unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("XID 79 on 0000:5d:00"),
+        "{failed}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_gpu_nvml_is_unavailable_a_cpu_image_validates_and_a_gpu_image_fails() {
+    let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 0).await;
+    // A CPU-only image: no [validation] GPUs, no driver pin.
+    let cpu_manifest = "name = \"cpu\"\nversion = \"1\"\n\n[boot]\nkernel = \"vmlinuz\"\ninitrds = [\"initrd.img\"]\ncmdline = \"console=ttyS0 quiet\"\n\n[pins]\nkernel = \"6.1.0-28-cloud-amd64\"\n";
+    let mut entries = good_entries("cpu", "1", b"kernel");
+    entries[0].data = cpu_manifest.as_bytes().to_vec();
+    let (status, image) = server
+        .publish_query(tar_of(&entries), "?tag=cpu:stable")
+        .await;
+    assert_eq!(status, 201, "{image}");
+    server
+        .publish_query(good_bundle("hgx", "1", b"kernel"), "?tag=hgx:stable")
+        .await;
+    // The real NVML path: this machine has no NVIDIA driver.
+    let (node, boot) = booted(&server, "52-54-00-30-00-03", "cpu:stable").await;
+    let root = node_root(&boot, "");
+    let (code, out) = run_agent(root.path(), None, &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("NVML unavailable"),
+        "the agent says why: {out}"
+    );
+    assert_eq!(node.state().await, "ready", "{out}");
+
+    let (node, boot) = booted(&server, "52-54-00-30-00-04", "hgx:stable").await;
+    let root = node_root(&boot, "");
+    let (code, out) = run_agent(root.path(), None, &[]).await;
+    assert_eq!(code, 0, "{out}");
+    let detail = node.node().await;
+    let failed = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["to"] == "validation-failed")
+        .unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("expected 8 GPUs, found 0"),
+        "{failed}"
+    );
+    assert_ne!(detail["state"], "ready");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_agent_reboots_when_a_reimage_is_requested_and_needs_its_boot_parameters() {
+    let server = TestServer::start().await;
+    server
+        .publish_query(good_bundle("hgx", "1", b"kernel"), "?tag=hgx:stable")
+        .await;
+    let (node, boot) = booted(&server, "52-54-00-30-00-05", "hgx:stable").await;
+    let root = node_root(&boot, "");
+    let readings = readings_file(root.path(), &healthy());
+    let (code, out) = run_agent(root.path(), Some(&readings), &[]).await;
+    assert_eq!((code, node.state().await.as_str()), (0, "ready"), "{out}");
+    let r = server
+        .post(&format!("/api/v1/nodes/{}/reimage", node.mac))
+        .json(&json!({ "reason": "rolling to a new driver" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    // Restarted agent: attestation answers 409 (done before), then "reboot".
+    let (code, out) = run_agent(root.path(), Some(&readings), &["--no-reboot"]).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains(r#""action":"reboot""#), "{out}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (code, out) = run_agent(empty.path(), None, &[]).await;
+    assert_eq!(code, 2);
+    assert!(out.contains("no server"), "{out}");
+    server.stop().await;
+}
