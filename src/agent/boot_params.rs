@@ -11,6 +11,8 @@ pub struct BootParams {
     pub image: Option<Digest>,
     /// The MAC the node booted from (the node's identity at the server).
     pub mac: Option<crate::node::mac::Mac>,
+    /// DCGM diagnostics level the image asks for.
+    pub dcgm: Option<u64>,
 }
 
 pub fn parse(cmdline: &str) -> BootParams {
@@ -25,6 +27,7 @@ pub fn parse(cmdline: &str) -> BootParams {
             "bootfleet.token" => p.token = Some(value.to_string()),
             "bootfleet.image" => p.image = value.parse().ok(),
             "bootfleet.mac" => p.mac = value.parse().ok(),
+            "bootfleet.dcgm" => p.dcgm = value.parse().ok(),
             _ => {}
         }
     }

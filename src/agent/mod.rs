@@ -5,6 +5,7 @@
 //! `GpuSource`), so recorded readings drive the real path in tests.
 
 pub mod boot_params;
+pub mod checks;
 pub mod facts;
 pub mod gpu;
 pub mod run;

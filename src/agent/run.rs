@@ -23,6 +23,10 @@ pub struct Agent {
     pub root: PathBuf,
     pub gpus: Box<dyn GpuSource + Send + Sync>,
     pub heartbeat_every: Duration,
+    /// Run DCGM diagnostics at this level during validation.
+    pub dcgm_level: Option<u64>,
+    /// A compute-probe command (`sh -c`), and how long it may take.
+    pub probe: Option<(String, Duration)>,
 }
 
 /// How the conversation ended.
@@ -102,6 +106,16 @@ impl Agent {
     pub async fn validate(&self) -> Result<(), String> {
         let mut report = self.gpus.read();
         report.xids.extend(super::xid::from_kernel_log(&self.root));
+        if let Some(level) = self.dcgm_level
+            && report.dcgm.is_none()
+        {
+            report.dcgm = Some(super::checks::dcgm(level).await);
+        }
+        if let Some((command, timeout)) = &self.probe {
+            report
+                .checks
+                .push(super::checks::probe(command, *timeout).await);
+        }
         if report.driver_version.is_none() {
             report.driver_version = self.facts().versions.get("nvidia-driver").cloned();
         }

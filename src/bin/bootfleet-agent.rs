@@ -46,6 +46,15 @@ struct Args {
     /// On "reboot", exit with status 3 instead of rebooting.
     #[arg(long)]
     no_reboot: bool,
+    /// Run `dcgmi diag -r LEVEL -j` during validation [default: bootfleet.dcgm= if set].
+    #[arg(long)]
+    dcgm_level: Option<u64>,
+    /// A compute-probe command run with `sh -c` during validation; it passes on exit 0.
+    #[arg(long)]
+    probe: Option<String>,
+    /// Seconds the compute probe may take.
+    #[arg(long, default_value_t = 300)]
+    probe_timeout_secs: u64,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +99,10 @@ fn main() -> ExitCode {
         root: args.root,
         gpus,
         heartbeat_every: Duration::from_secs(args.heartbeat_secs.max(1)),
+        dcgm_level: args.dcgm_level.or(p.dcgm),
+        probe: args
+            .probe
+            .map(|c| (c, Duration::from_secs(args.probe_timeout_secs))),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

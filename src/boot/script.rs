@@ -61,6 +61,8 @@ pub struct ImageBoot {
     pub kernel_url: String,
     pub initrds: Vec<InitrdRef>,
     pub cmdline: String,
+    /// `[validation] dcgm-level`: the agent runs DCGM diagnostics at this level.
+    pub dcgm_level: Option<u64>,
 }
 
 /// A node's boot: who, what, and the per-boot credentials that go on the command line.
@@ -163,6 +165,10 @@ impl BootTemplates {
             format!("bootfleet.token={}", b.token),
             format!("bootfleet.image={}", b.image.digest),
             format!("bootfleet.mac={}", b.mac),
+            b.image
+                .dcgm_level
+                .map(|l| format!("bootfleet.dcgm={l}"))
+                .unwrap_or_default(),
         ]
         .into_iter()
         .filter(|s| !s.is_empty())
@@ -239,6 +245,7 @@ mod tests {
                 },
             ],
             cmdline: "console=ttyS0 quiet".into(),
+            dcgm_level: None,
         }
     }
 

@@ -185,6 +185,11 @@ impl BootService {
             kernel_url: blob_url(server, &kernel.digest, boot_id),
             initrds,
             cmdline: image.manifest.cmdline.clone(),
+            dcgm_level: image
+                .manifest
+                .validation
+                .get("dcgm-level")
+                .and_then(|v| v.as_u64()),
         }))
     }
 }

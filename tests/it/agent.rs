@@ -194,3 +194,52 @@ async fn the_agent_reboots_when_a_reimage_is_requested_and_needs_its_boot_parame
     assert!(out.contains("no server"), "{out}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn checks_the_image_asks_for_run_and_a_check_that_cannot_run_fails() {
+    let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 0).await;
+    let mut entries = good_entries("hgx", "1", b"kernel");
+    let text = String::from_utf8(entries[0].data.clone()).unwrap() + "dcgm-level = 1\n";
+    entries[0].data = text.into_bytes();
+    server
+        .publish_query(tar_of(&entries), "?tag=hgx:stable")
+        .await;
+    let (node, boot) = booted(&server, "52-54-00-30-00-06", "hgx:stable").await;
+    assert!(
+        boot.cmdline.contains("bootfleet.dcgm=1"),
+        "{}",
+        boot.cmdline
+    );
+    let root = node_root(&boot, "");
+    let mut readings = healthy();
+    readings.as_object_mut().unwrap().remove("dcgm");
+    let readings = readings_file(root.path(), &readings);
+    // This machine has no dcgmi: the agent says so, and the node is not ready.
+    let (code, out) = run_agent(
+        root.path(),
+        Some(&readings),
+        &[
+            "--probe",
+            "echo 'CUDA error: no CUDA-capable device' >&2; exit 1",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let detail = node.node().await;
+    let failed = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["to"] == "validation-failed")
+        .unwrap();
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("DCGM dcgm failed: cannot run dcgmi"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("compute-probe failed") && reason.contains("no CUDA-capable device"),
+        "{reason}"
+    );
+    server.stop().await;
+}
