@@ -89,6 +89,10 @@ pub fn parse_dcgm(json: &str) -> Result<Vec<CheckResult>, String> {
     Ok(out)
 }
 
+fn last_line(text: &str) -> Option<&str> {
+    text.lines().rfind(|l| !l.trim().is_empty())
+}
+
 /// Runs `program args` with a timeout; Ok(stdout) on exit 0.
 async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
     let child = tokio::process::Command::new(program)
@@ -104,11 +108,9 @@ async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, 
         Ok(Ok(out)) => {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let stdout = String::from_utf8_lossy(&out.stdout);
-            let last = stderr
-                .lines()
-                .chain(stdout.lines())
-                .filter(|l| !l.trim().is_empty())
-                .last()
+            // The error is usually the last thing on stderr, else on stdout.
+            let last = last_line(&stderr)
+                .or_else(|| last_line(&stdout))
                 .unwrap_or("")
                 .to_string();
             Err(format!("{program} exited with {}: {last}", out.status))
@@ -151,12 +153,7 @@ pub async fn probe(command: &str, timeout: Duration) -> CheckResult {
         Ok(out) => CheckResult {
             name: "compute-probe".into(),
             passed: true,
-            detail: out
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .last()
-                .unwrap_or("")
-                .to_string(),
+            detail: last_line(&out).unwrap_or("").to_string(),
         },
         Err(detail) => CheckResult {
             name: "compute-probe".into(),
