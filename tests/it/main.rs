@@ -6,6 +6,7 @@ mod blobs;
 mod bundles;
 mod dhcp_fuzz;
 mod dhcp_net;
+mod e2e;
 mod fake_node;
 mod harness;
 mod lifecycle;
