@@ -6,6 +6,8 @@
 # (fixed mtimes, sorted cpio, gzip -n; the bundle's tar order does not enter the digest).
 #
 # Usage: images/demo/build.sh OUT_DIR [VERSION=1] [AGENT=target/release/bootfleet-agent]
+# With LATE_MODULE=<name> (a module of the kernel, e.g. dummy), /init loads it 20 s after
+# the agent starts: a node that drifts from what it attested, for the drift test.
 # Writes OUT_DIR/{manifest.toml,vmlinuz,initrd.img}; publish with
 #   bootfleet image publish OUT_DIR --tag demo:stable
 # Needs: apt-get (to download the pinned kernel package), dpkg-deb, busybox-static, cpio,
@@ -31,6 +33,9 @@ done
 busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
 
 deb="$cache/${KERNEL_PKG}_${KERNEL_PKG_VERSION}_amd64.deb"
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9 # concurrent builds share one download
 if [ ! -f "$deb" ]; then
   mkdir -p "$cache"
   download() { (cd "$cache" && apt-get download -q "$KERNEL_PKG=$KERNEL_PKG_VERSION" 2>&1 | grep -v "^W: Download is performed unsandboxed" >&2; [ -f "$deb" ]); }
@@ -63,6 +68,11 @@ for lib in $(ldd "$agent" | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); 
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
+late=""
+if [ -n "${LATE_MODULE:-}" ]; then
+  cp "$(find "$mods" -name "$LATE_MODULE.ko")" "$root/lib/modules/late-$LATE_MODULE.ko"
+  late="(sleep 20; insmod /lib/modules/late-$LATE_MODULE.ko && echo loaded $LATE_MODULE) &"
+fi
 cat >"$root/etc/udhcpc.script" <<'SCRIPT'
 #!/bin/busybox sh
 case "$1" in
@@ -83,6 +93,7 @@ ip link set lo up
 ip link set eth0 up
 udhcpc -i eth0 -s /etc/udhcpc.script -q -t 20 -T 1 || echo "no DHCP lease"
 echo "bootfleet demo image $version: starting bootfleet-agent"
+$late
 /bin/bootfleet-agent --heartbeat-secs 5
 echo "bootfleet-agent exited (\$?); powering off in 5 s"
 sleep 5

@@ -55,14 +55,70 @@ fn require() {
     );
 }
 
-/// Builds demo:VERSION into a fresh directory with the agent these tests built.
-fn build_image(version: &str) -> (tempfile::TempDir, PathBuf) {
+/// Builds demo:VERSION into a fresh directory with the agent these tests built; `env` is
+/// put before the command (for example `LATE_MODULE=dummy`).
+fn build_image(version: &str, env: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join(format!("demo-{version}"));
     let agent = env!("CARGO_BIN_EXE_bootfleet-agent");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/images/demo/build.sh");
-    sh(&format!("{script} {} {version} {agent}", out.display()));
+    sh(&format!(
+        "{env} {script} {} {version} {agent}",
+        out.display()
+    ));
     (dir, out)
+}
+
+async fn built(version: &'static str, env: &'static str) -> (tempfile::TempDir, PathBuf) {
+    tokio::task::spawn_blocking(move || build_image(version, env))
+        .await
+        .unwrap()
+}
+
+/// A segment and a bootfleet serving it: DHCP in `mode`, TFTP for the iPXE binaries.
+async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServer) {
+    let segment = Segment::new(n);
+    let ip = format!("10.88.{n}.1");
+    let port = 18_000 + n as u16;
+    let bridge = segment.bridge.clone();
+    let server = TestServer::start_configured(move |cfg| {
+        cfg.listen = format!("{ip}:{port}").parse().unwrap();
+        cfg.tftp_listen = Some(format!("{ip}:69").parse().unwrap());
+        cfg.ipxe_dir = "/usr/lib/ipxe".into();
+        cfg.dhcp = bootfleet::config::DhcpFileConfig {
+            mode: Some(mode),
+            interface: Some(bridge),
+            server_ip: Some(ip.parse().unwrap()),
+            http_url: Some(format!("http://{ip}:{port}")),
+            pool: Some(bootfleet::dhcp::leases::PoolConfig {
+                start: format!("10.88.{n}.100").parse().unwrap(),
+                end: format!("10.88.{n}.200").parse().unwrap(),
+                reservations: Default::default(),
+                lease_secs: 600,
+            }),
+            ..Default::default()
+        };
+    })
+    .await;
+    (segment, server)
+}
+
+/// Publishes `dir` under demo:stable and assigns it to `mac`; returns the image.
+async fn publish_and_assign(server: &TestServer, dir: &Path, mac: &str) -> Value {
+    let (status, image) = server.publish_query(bundle(dir), "?tag=demo:stable").await;
+    assert_eq!(status, 201, "{image}");
+    let r = server
+        .put(&format!("/api/v1/nodes/{mac}/image"))
+        .json(&json!({ "image": "demo:stable" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    image
+}
+
+fn segment_number(salt: u32) -> u32 {
+    40 + (std::process::id() * 4 + salt) % 160
 }
 
 /// Tars a built image directory for the publish API.
@@ -78,6 +134,9 @@ struct Segment {
     bridge: String,
     tap: String,
     vm: Option<Child>,
+    /// Namespaces hanging off the bridge (a site DHCP server), removed on drop.
+    namespaces: Vec<String>,
+    children: Vec<Child>,
 }
 
 impl Segment {
@@ -92,7 +151,69 @@ impl Segment {
             bridge,
             tap,
             vm: None,
+            namespaces: vec![],
+            children: vec![],
         }
+    }
+
+    /// A namespace on the bridge at `address`, running `cmd` (the site's DHCP server).
+    fn site(&mut self, n: u32, address: &str, cmd: &str) {
+        let ns = format!("bfes{n}");
+        let veth = format!("bfev{n}");
+        sh(&format!(
+            "ip netns del {ns} 2>/dev/null; ip link del {veth} 2>/dev/null; ip netns add {ns} && \
+             ip link add {veth} type veth peer name eth0 netns {ns} && ip link set {veth} master {b} up && \
+             ip -n {ns} link set lo up && ip -n {ns} link set eth0 up && ip -n {ns} addr add {address}/24 dev eth0",
+            b = self.bridge
+        ));
+        self.namespaces.push(ns.clone());
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns, "bash", "-c", cmd])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    /// Powers on a UEFI (OVMF) VM whose NIC has no option ROM: OVMF's own PXE fetches
+    /// the iPXE EFI binary over TFTP.
+    fn power_on_uefi(&mut self, mac: &str, log: &Path, vars: &Path) {
+        std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", vars).unwrap();
+        let vm = Command::new("qemu-system-x86_64")
+            .args([
+                "-machine",
+                "q35,accel=tcg",
+                "-m",
+                "512",
+                "-nographic",
+                "-monitor",
+                "none",
+            ])
+            .args([
+                "-drive",
+                "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+            ])
+            .args([
+                "-drive",
+                &format!("if=pflash,format=raw,file={}", vars.display()),
+            ])
+            .args(["-serial", &format!("file:{}", log.display())])
+            .args([
+                "-netdev",
+                &format!("tap,id=n0,ifname={},script=no,downscript=no", self.tap),
+            ])
+            .args([
+                "-device",
+                &format!("virtio-net-pci,netdev=n0,mac={mac},romfile="),
+            ])
+            .args(["-boot", "n"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu starts");
+        self.vm = Some(vm);
     }
 
     /// Powers on a VM that network-boots (QEMU's iPXE ROM), serial console to `log`.
@@ -128,6 +249,13 @@ impl Drop for Segment {
         if let Some(vm) = &mut self.vm {
             let _ = vm.kill();
             let _ = vm.wait();
+        }
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
         let _ = Command::new("ip").args(["link", "del", &self.tap]).status();
         let _ = Command::new("ip")
@@ -166,48 +294,13 @@ async fn wait_for(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_version() {
     require();
-    let n = 40 + std::process::id() % 40;
-    let (_d1, v1_dir) = tokio::task::spawn_blocking(|| build_image("1"))
-        .await
-        .unwrap();
-    let (_d2, v2_dir) = tokio::task::spawn_blocking(|| build_image("2"))
-        .await
-        .unwrap();
-    let mut segment = Segment::new(n);
-    let server_ip = format!("10.88.{n}.1");
-    let port = 18_000 + n as u16;
-    let (ip, bridge) = (server_ip.clone(), segment.bridge.clone());
-    let server = TestServer::start_configured(move |cfg| {
-        cfg.listen = format!("{ip}:{port}").parse().unwrap();
-        cfg.dhcp = bootfleet::config::DhcpFileConfig {
-            mode: Some(bootfleet::dhcp::decide::Mode::Authoritative),
-            interface: Some(bridge),
-            server_ip: Some(ip.parse().unwrap()),
-            http_url: Some(format!("http://{ip}:{port}")),
-            pool: Some(bootfleet::dhcp::leases::PoolConfig {
-                start: format!("10.88.{n}.100").parse().unwrap(),
-                end: format!("10.88.{n}.200").parse().unwrap(),
-                reservations: Default::default(),
-                lease_secs: 600,
-            }),
-            ..Default::default()
-        };
-    })
-    .await;
-    let (status, v1) = server
-        .publish_query(bundle(&v1_dir), "?tag=demo:stable")
-        .await;
-    assert_eq!(status, 201, "{v1}");
+    let n = segment_number(0);
+    let ((_d1, v1_dir), (_d2, v2_dir)) = (built("1", "").await, built("2", "").await);
+    let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
     let mac = format!("52:54:00:e2:{n:02x}:01");
-    let r = server
-        .put(&format!("/api/v1/nodes/{mac}/image"))
-        .json(&json!({ "image": "demo:stable" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let v1 = publish_and_assign(&server, &v1_dir, &mac).await;
 
-    // (a) Power on: DHCP -> iPXE -> script -> kernel, initrd -> agent -> ready.
+    // (a) Power on: DHCP -> QEMU's iPXE ROM -> script -> kernel, initrd -> agent -> ready.
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("serial.log");
     let powered = Instant::now();
@@ -216,7 +309,7 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
         &server,
         &mac,
         &log,
-        Duration::from_secs(150),
+        Duration::from_secs(240),
         "first boot to ready",
         |n| n["state"] == "ready",
     )
@@ -276,7 +369,7 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
         &server,
         &mac,
         &log,
-        Duration::from_secs(180),
+        Duration::from_secs(240),
         "rollout to ready on demo:2",
         |n| n["state"] == "ready" && n["boots"][0]["image"] == v2_digest,
     )
@@ -299,6 +392,110 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
             && boots[1].contains(v2["digest"].as_str().unwrap()),
         "{boots:?}"
     );
-    eprintln!("e2e: power-on to ready {first_boot:?} (QEMU TCG)");
+    eprintln!("e2e: BIOS iPXE ROM power-on to ready {first_boot:?} (QEMU TCG)");
+    server.stop().await;
+}
+
+/// (c) UEFI: OVMF's own PXE gets snponly.efi over TFTP from bootfleet, iPXE asks DHCP
+/// again (now as iPXE) and boots the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
+    require();
+    assert!(
+        Path::new("/usr/share/OVMF/OVMF_CODE_4M.fd").exists(),
+        "OVMF is missing: apt-get install ovmf"
+    );
+    let n = segment_number(1);
+    let (_d, dir) = built("1", "").await;
+    let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
+    let mac = format!("52:54:00:e2:{n:02x}:02");
+    publish_and_assign(&server, &dir, &mac).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("serial.log");
+    let powered = Instant::now();
+    segment.power_on_uefi(&mac, &log, &logs.path().join("vars.fd"));
+    wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(300),
+        "UEFI boot to ready",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    eprintln!(
+        "e2e: UEFI PXE -> TFTP snponly.efi power-on to ready {:?} (QEMU TCG)",
+        powered.elapsed()
+    );
+    server.stop().await;
+}
+
+/// (d) proxyDHCP next to the site's DHCP server (dnsmasq, addresses only): the VM gets
+/// its address from dnsmasq and its boot information from bootfleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_dhcp_next_to_a_site_dhcp_server_still_boots_to_ready() {
+    require();
+    let n = segment_number(2);
+    let (_d, dir) = built("1", "").await;
+    let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Proxy).await;
+    segment.site(
+        n,
+        &format!("10.88.{n}.2"),
+        &format!("exec dnsmasq --keep-in-foreground --port=0 --interface=eth0 --bind-interfaces --dhcp-range=10.88.{n}.50,10.88.{n}.60,1h --dhcp-leasefile=/dev/null --no-ping"),
+    );
+    let mac = format!("52:54:00:e2:{n:02x}:03");
+    publish_and_assign(&server, &dir, &mac).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("serial.log");
+    segment.power_on(&mac, &log);
+    wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(240),
+        "proxy-mode boot to ready",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    let serial = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        serial.contains(&format!("obtained from 10.88.{n}.2")),
+        "the address came from the site's server"
+    );
+    server.stop().await;
+}
+
+/// (f) Drift: the node loads a module after it attested; the next heartbeat reports it
+/// and the node becomes drifted, with the difference named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_changes_after_attesting_is_drifted_with_the_difference() {
+    require();
+    let n = segment_number(3);
+    let (_d, dir) = built("1", "LATE_MODULE=dummy").await;
+    let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
+    let mac = format!("52:54:00:e2:{n:02x}:04");
+    publish_and_assign(&server, &dir, &mac).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("serial.log");
+    segment.power_on(&mac, &log);
+    let node = wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(300),
+        "drifted",
+        |n| n["state"] == "drifted",
+    )
+    .await;
+    let reason = node["state_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("modules.dummy: was (absent), now"),
+        "{reason}"
+    );
+    let history = node["history"].as_array().unwrap();
+    assert!(
+        history.iter().any(|h| h["to"] == "ready"),
+        "it was ready before it drifted"
+    );
     server.stop().await;
 }
