@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::fake_node::{Boot, FakeNode, healthy};
+use crate::fake_node::{Boot, FakeNode, healthy, validation_failure};
 use crate::harness::*;
 
 fn agent_bin() -> &'static Path {
@@ -102,19 +102,8 @@ async fn the_agent_takes_a_gpu_node_to_ready_and_an_xid_to_quarantine() {
     assert_eq!(code, 0, "{out}");
     let detail = node.node().await;
     assert_eq!(detail["state"], "quarantined", "{out}");
-    let failed = detail["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["to"] == "validation-failed")
-        .unwrap();
-    assert!(
-        failed["reason"]
-            .as_str()
-            .unwrap()
-            .contains("XID 79 on 0000:5d:00"),
-        "{failed}"
-    );
+    let reason = validation_failure(&detail);
+    assert!(reason.contains("XID 79 on 0000:5d:00"), "{reason}");
     server.stop().await;
 }
 
@@ -148,19 +137,8 @@ async fn without_a_gpu_nvml_is_unavailable_a_cpu_image_validates_and_a_gpu_image
     let (code, out) = run_agent(root.path(), None, &[]).await;
     assert_eq!(code, 0, "{out}");
     let detail = node.node().await;
-    let failed = detail["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["to"] == "validation-failed")
-        .unwrap();
-    assert!(
-        failed["reason"]
-            .as_str()
-            .unwrap()
-            .contains("expected 8 GPUs, found 0"),
-        "{failed}"
-    );
+    let reason = validation_failure(&detail);
+    assert!(reason.contains("expected 8 GPUs, found 0"), "{reason}");
     assert_ne!(detail["state"], "ready");
     server.stop().await;
 }
@@ -226,13 +204,7 @@ async fn checks_the_image_asks_for_run_and_a_check_that_cannot_run_fails() {
     .await;
     assert_eq!(code, 0, "{out}");
     let detail = node.node().await;
-    let failed = detail["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["to"] == "validation-failed")
-        .unwrap();
-    let reason = failed["reason"].as_str().unwrap();
+    let reason = validation_failure(&detail);
     assert!(
         reason.contains("DCGM dcgm failed: cannot run dcgmi"),
         "{reason}"

@@ -52,6 +52,20 @@ pub fn healthy() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The reason of the node's latest change to validation-failed (panics if there is none).
+pub fn validation_failure(node: &Value) -> String {
+    node["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|h| h["to"] == "validation-failed")
+        .unwrap_or_else(|| panic!("never validation-failed: {node}"))["reason"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// The UUIDs of the first `n` GPUs of `healthy()`.
 pub fn gpu_uuids(n: usize) -> Vec<String> {
     healthy()["gpus"].as_array().unwrap()[..n]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::fake_node::{FakeNode, gpu_uuids, healthy};
+use crate::fake_node::{FakeNode, gpu_uuids, healthy, validation_failure};
 use crate::harness::*;
 
 async fn publish_tagged(server: &TestServer, version: &str, seed: u64) -> Value {
@@ -409,19 +409,8 @@ async fn failed_validation_reimages_then_quarantines_and_is_never_ready() {
     assert_eq!(verdict["passed"], false);
     let detail = node.node().await;
     assert_eq!(detail["boots"][0]["stopped_at"], "validated");
-    let history = detail["history"].as_array().unwrap();
-    let failed = history
-        .iter()
-        .rev()
-        .find(|h| h["to"] == "validation-failed")
-        .unwrap();
-    assert!(
-        failed["reason"]
-            .as_str()
-            .unwrap()
-            .contains("expected 8 GPUs, found 0"),
-        "{failed}"
-    );
+    let reason = validation_failure(&detail);
+    assert!(reason.contains("expected 8 GPUs, found 0"), "{reason}");
     // The failure policy: reimage (attempt 1 of 1), and the heartbeat says reboot.
     assert_eq!(detail["state"], "reimaging");
     assert!(
@@ -544,16 +533,8 @@ async fn every_gpu_fault_fixture_is_named_and_none_is_ready() {
         }
         assert_eq!(verdict["passed"], false, "{name}");
         assert_eq!(detail["state"], "quarantined", "{name}");
-        let failed = detail["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["to"] == "validation-failed")
-            .unwrap();
-        assert!(
-            failed["reason"].as_str().unwrap().contains(reason),
-            "{name}: {failed}"
-        );
+        let got = validation_failure(&detail);
+        assert!(got.contains(reason), "{name}: {got}");
         assert_eq!(
             verdict["failures"].as_array().unwrap().len(),
             1,
