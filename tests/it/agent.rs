@@ -62,13 +62,7 @@ fn readings_file(dir: &Path, report: &Value) -> std::path::PathBuf {
 
 async fn booted<'a>(server: &'a TestServer, mac: &str, tag: &str) -> (FakeNode<'a>, Boot) {
     let node = FakeNode::new(server, mac);
-    let r = server
-        .put(&format!("/api/v1/nodes/{mac}/image"))
-        .json(&json!({ "image": tag }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    server.assign(mac, tag).await;
     let boot = node.boot().await;
     node.fetch_all(&boot).await; // what iPXE does before the kernel runs
     (node, boot)

@@ -276,13 +276,7 @@ async fn proxy_mode_next_to_a_site_dhcp_server_answers_every_boot_class() {
     for (i, (name, vendor, arch, ipxe, file)) in CLASSES.iter().enumerate() {
         let mac = [0x52, 0x54, 0, 0x77, n as u8, i as u8];
         let mac_text = format!("52-54-00-77-{:02x}-{:02x}", n, i);
-        let r = server
-            .put(&format!("/api/v1/nodes/{mac_text}/image"))
-            .json(&serde_json::json!({ "image": "demo:stable" }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        server.assign(&mac_text, "demo:stable").await;
         let xid = 0x1000 + i as u32;
         let packet = request(
             mac,
@@ -376,11 +370,8 @@ async fn authoritative_mode_serves_udhcpc_perfdhcp_and_pxe_clients() {
     for (i, (name, vendor, arch, ipxe, file)) in CLASSES.iter().enumerate() {
         let mac = [0x52, 0x54, 0, 0x79, n as u8, i as u8];
         server
-            .put(&format!("/api/v1/nodes/52-54-00-79-{n:02x}-{i:02x}/image"))
-            .json(&serde_json::json!({ "image": "demo:stable" }))
-            .send()
-            .await
-            .unwrap();
+            .assign(&format!("52-54-00-79-{n:02x}-{i:02x}"), "demo:stable")
+            .await;
         let xid = 0x3000 + i as u32;
         let discover = request(
             mac,

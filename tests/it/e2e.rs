@@ -107,13 +107,7 @@ async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServe
 async fn publish_and_assign(server: &TestServer, dir: &Path, mac: &str) -> Value {
     let (status, image) = server.publish_query(bundle(dir), "?tag=demo:stable").await;
     assert_eq!(status, 201, "{image}");
-    let r = server
-        .put(&format!("/api/v1/nodes/{mac}/image"))
-        .json(&json!({ "image": "demo:stable" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    server.assign(mac, "demo:stable").await;
     image
 }
 

@@ -90,6 +90,17 @@ impl TestServer {
         (status, r.json().await.unwrap())
     }
 
+    /// Assigns image REF `image` to node `mac` (any spelling); asserts it was accepted.
+    pub async fn assign(&self, mac: &str, image: &str) {
+        let r = self
+            .put(&format!("/api/v1/nodes/{mac}/image"))
+            .json(&serde_json::json!({ "image": image }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "assign {image} to {mac}");
+    }
+
     /// POSTs to an admin route with no body; returns the JSON answer.
     pub async fn post_json(&self, path: &str) -> serde_json::Value {
         self.post(path).send().await.unwrap().json().await.unwrap()

@@ -23,16 +23,6 @@ async fn publish_tagged(server: &TestServer, version: &str, seed: u64) -> Value 
     image
 }
 
-async fn assign(server: &TestServer, mac: &str, image: &str) {
-    let r = server
-        .put(&format!("/api/v1/nodes/{mac}/image"))
-        .json(&json!({ "image": image }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-}
-
 async fn label(server: &TestServer, mac: &str, key: &str, value: &str) {
     let r = server
         .http
@@ -108,7 +98,7 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
     let node = FakeNode::new(&server, "52-54-00-10-00-01");
     assert!(node.script().await.contains("new to bootfleet"));
     assert_eq!(node.state().await, "discovered");
-    assign(&server, &node.mac, "demo:stable").await;
+    server.assign(&node.mac, "demo:stable").await;
     let boot = node.boot_to_ready(&image).await;
 
     // Same facts as attested: no drift, nothing to do.
@@ -222,7 +212,7 @@ async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
     let batch = FakeNode::new(&server, "52-54-00-10-00-02");
     let training = FakeNode::new(&server, "52-54-00-10-00-03");
     for n in [&batch, &training] {
-        assign(&server, &n.mac, "demo:stable").await;
+        server.assign(&n.mac, "demo:stable").await;
     }
     label(&server, &batch.mac, "pool", "batch").await;
     let b1 = batch.boot_to_ready(&v1).await;
@@ -296,7 +286,7 @@ async fn attestation_compares_what_this_boot_actually_fetched() {
     let server = TestServer::start().await;
     let image = publish_tagged(&server, "1", 4).await;
     let node = FakeNode::new(&server, "52-54-00-10-00-04");
-    assign(&server, &node.mac, "demo:stable").await;
+    server.assign(&node.mac, "demo:stable").await;
     let boot = node.boot().await;
     // The kernel only in part (a broken download), the initrd not at all; a made-up boot
     // id is served but recorded nowhere.
@@ -346,7 +336,7 @@ async fn a_silent_node_becomes_unreachable_and_is_revalidated_when_back() {
     .await;
     let image = publish_tagged(&server, "1", 5).await;
     let node = FakeNode::new(&server, "52-54-00-10-00-05");
-    assign(&server, &node.mac, "demo:stable").await;
+    server.assign(&node.mac, "demo:stable").await;
     let boot = node.boot_to_ready(&image).await;
     let mut waited = 0;
     while node.state().await != "unreachable" {
@@ -394,7 +384,7 @@ async fn failed_validation_reimages_then_quarantines_and_is_never_ready() {
     let server = TestServer::start_configured(|cfg| cfg.lifecycle.validation_reimages = 1).await;
     let image = publish_tagged(&server, "1", 6).await;
     let node = FakeNode::new(&server, "52-54-00-10-00-06");
-    assign(&server, &node.mac, "demo:stable").await;
+    server.assign(&node.mac, "demo:stable").await;
     let boot = node.boot().await;
     // Validation before attestation is refused.
     let (status, _) = node.validate(&boot, healthy()).await;
@@ -515,7 +505,7 @@ async fn every_gpu_fault_fixture_is_named_and_none_is_ready() {
     ];
     for (i, (name, fault, reason)) in faults.iter().enumerate() {
         let node = FakeNode::new(&server, &format!("52-54-00-20-00-{i:02x}"));
-        assign(&server, &node.mac, "hgx:stable").await;
+        server.assign(&node.mac, "hgx:stable").await;
         let boot = node.boot().await;
         let artifacts = node.fetch_all(&boot).await;
         let (status, v) = node
@@ -559,7 +549,7 @@ async fn refused_reports_and_reimages_are_events() {
     let a = FakeNode::new(&server, "52-54-00-10-00-07");
     let b = FakeNode::new(&server, "52-54-00-10-00-08");
     for n in [&a, &b] {
-        assign(&server, &n.mac, "demo:stable").await;
+        server.assign(&n.mac, "demo:stable").await;
     }
     let boot_a = a.boot().await;
     let mut forged = boot_a.clone();
@@ -661,7 +651,7 @@ async fn webhooks_get_every_event_in_order_signed_and_retried() {
     .await;
     let image = publish_tagged(&server, "1", 8).await;
     let node = FakeNode::new(&server, "52-54-00-10-00-09");
-    assign(&server, &node.mac, "demo:stable").await;
+    server.assign(&node.mac, "demo:stable").await;
     node.boot_to_ready(&image).await;
 
     let delivered = || -> Vec<Value> {

@@ -229,12 +229,7 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
     let (_, image) = server
         .publish_query(good_bundle("demo", "1", &kernel), "?tag=demo:stable")
         .await;
-    server
-        .put(&format!("/api/v1/nodes/{MAC}/image"))
-        .json(&serde_json::json!({ "image": "demo:stable" }))
-        .send()
-        .await
-        .unwrap();
+    server.assign(MAC, "demo:stable").await;
     let fake = crate::fake_node::FakeNode::new(&server, MAC);
     let boot = fake.boot().await;
     fake.fetch_all(&boot).await;
@@ -355,12 +350,7 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
     let racks = [Some("r1"), Some("r1"), Some("r2"), None];
     let mut tokens = Vec::new();
     for (mac, rack) in macs.iter().zip(racks) {
-        server
-            .put(&format!("/api/v1/nodes/{mac}/image"))
-            .json(&serde_json::json!({ "image": "demo:stable" }))
-            .send()
-            .await
-            .unwrap();
+        server.assign(mac, "demo:stable").await;
         if let Some(rack) = rack {
             server
                 .http
