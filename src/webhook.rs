@@ -123,6 +123,9 @@ pub async fn run(hook: Webhook, store: Store, stop: CancellationToken) {
     let mut wake = store.subscribe_events();
     let mut retry = FIRST_RETRY;
     loop {
+        if stop.is_cancelled() {
+            return;
+        }
         wake.borrow_and_update();
         let wait = match deliver_next(&hook, &store, &client).await {
             Ok(true) => {

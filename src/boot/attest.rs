@@ -8,7 +8,6 @@ use subtle::ConstantTimeEq;
 
 use super::service::{BootError, BootService};
 use crate::digest::Digest;
-use std::collections::BTreeMap;
 
 use crate::image::manifest::Role;
 use crate::node::attest::{AttestReport, Expected, Received, Verdict, judge};
@@ -160,12 +159,7 @@ impl BootService {
             .collect();
         // Downloads still being written down would look like missing ones.
         self.fetches.flush().await;
-        let mut received: BTreeMap<Digest, Received> = BTreeMap::new();
-        for f in store.fetches(&req.boot_id).await? {
-            let r = received.entry(f.digest).or_default();
-            r.bytes += f.bytes;
-            r.whole |= f.whole && f.finished_at_ms.is_some();
-        }
+        let received = Received::tally(&store.fetches(&req.boot_id).await?);
         let verdict = judge(
             &req.report,
             &Expected {

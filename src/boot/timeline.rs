@@ -11,6 +11,7 @@ use super::service::{BootError, BootService};
 use crate::digest::Digest;
 use crate::image::canonical::Artifact;
 use crate::image::manifest::Role;
+use crate::node::attest::Received;
 use crate::node::mac::Mac;
 use crate::store::boots::BootFacts;
 use crate::store::format_ms;
@@ -66,9 +67,10 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
             .iter()
             .filter(|f| f.digest == artifact.digest)
             .collect();
-        let bytes: u64 = mine.iter().map(|f| f.bytes).sum();
-        let whole =
-            mine.iter().any(|f| f.whole && f.finished_at_ms.is_some()) || bytes >= artifact.size;
+        let got = Received::tally(mine.iter().copied())
+            .remove(&artifact.digest)
+            .unwrap_or_default();
+        let (bytes, whole) = (got.bytes, got.complete(artifact.size));
         let end = mine.iter().filter_map(|f| f.finished_at_ms).max();
         match (whole, end) {
             (true, Some(end)) => push(&mut steps, name, end, "ok".into()),

@@ -57,6 +57,27 @@ pub struct Received {
     pub whole: bool,
 }
 
+impl Received {
+    /// Sums a boot's downloads per blob.
+    pub fn tally<'a>(
+        fetches: impl IntoIterator<Item = &'a crate::store::boots::Fetch>,
+    ) -> BTreeMap<Digest, Received> {
+        let mut out: BTreeMap<Digest, Received> = BTreeMap::new();
+        for f in fetches {
+            let r = out.entry(f.digest).or_default();
+            r.bytes += f.bytes;
+            r.whole |= f.whole && f.finished_at_ms.is_some();
+        }
+        out
+    }
+
+    /// Whether a blob of `size` bytes reached the boot: one whole response, or ranges
+    /// adding up to it.
+    pub fn complete(&self, size: u64) -> bool {
+        self.whole || self.bytes >= size
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mismatch {
     pub field: String,
@@ -122,7 +143,7 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
             .map(|(_, _, s)| *s)
             .next();
         let got = expected.received.get(d).copied().unwrap_or_default();
-        got.whole || size.is_some_and(|s| got.bytes >= s)
+        got.whole || size.is_some_and(|s| got.complete(s))
     };
     for d in want.difference(&got) {
         if !arrived_whole(d) {
@@ -138,7 +159,7 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
     }
     for (path, digest, size) in expected.delivered_by_script {
         let got = expected.received.get(digest).copied().unwrap_or_default();
-        if !got.whole && got.bytes < *size {
+        if !got.complete(*size) {
             let found = if got.bytes == 0 {
                 "never fetched by this boot".to_string()
             } else {

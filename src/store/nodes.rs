@@ -48,13 +48,6 @@ pub struct StateChange {
     pub at: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BootRecord {
-    pub id: String,
-    pub image: Digest,
-    pub at: String,
-}
-
 /// A boot to record with the state change that starts it; the token is stored only as
 /// its sha256.
 #[derive(Debug, Clone, Copy)]
@@ -320,26 +313,6 @@ impl Store {
                     from: from.as_deref().map(state).transpose()?,
                     to: state(&to)?,
                     reason,
-                    at: format_ms(at),
-                })
-            })
-            .collect()
-    }
-
-    /// The node's boots, newest first.
-    pub async fn boots(&self, mac: &Mac, limit: i64) -> Result<Vec<BootRecord>, StoreError> {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT id, image_digest, created_at_ms FROM boots WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT ?",
-        )
-        .bind(mac.to_string())
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(id, image, at)| {
-                Ok(BootRecord {
-                    id,
-                    image: parse_digest(&image)?,
                     at: format_ms(at),
                 })
             })
