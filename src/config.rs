@@ -76,6 +76,11 @@ pub struct DhcpFileConfig {
     /// `[dhcp.files]`: boot file names per client class.
     #[serde(default)]
     pub files: crate::dhcp::decide::BootFiles,
+    /// Which iPXE clients get our iPXE binary before their script: "non-ipxe" (firmware
+    /// that is not iPXE; an iPXE ROM gets the script at once) or "always" (replace every
+    /// ROM's iPXE with ours) [default: non-ipxe]. Per node: label `ipxe=chainload`.
+    #[serde(default)]
+    pub chainload: crate::dhcp::chain::ChainPolicy,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.

@@ -180,6 +180,8 @@ pub async fn start_dhcp(
         leases,
         store: state.registry.store.clone(),
         metrics: Default::default(),
+        chain_policy: d.chainload,
+        chain: Default::default(),
         relay_port: crate::dhcp::server::SERVER_PORT,
         client_port: d.client_port.unwrap_or(crate::dhcp::server::CLIENT_PORT),
     });

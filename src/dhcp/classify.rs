@@ -26,6 +26,9 @@ pub enum BootClass {
 pub struct Client {
     /// PXEClient or HTTPClient in option 60; None for other DHCP clients.
     pub class: Option<BootClass>,
+    /// The class its firmware would have if it were not iPXE (what an iPXE client is
+    /// chainloaded with); equal to `class` for other clients.
+    pub firmware: Option<BootClass>,
     /// Every architecture of option 93, in order.
     pub arches: Vec<u16>,
     /// Option 97 as a UUID string, when present and not all zeros (QEMU without -uuid).
@@ -113,10 +116,8 @@ pub fn classify(req: &Checked) -> Client {
         .first()
         .copied()
         .or_else(|| arch_from_vendor_class(vc));
-    let class = if !(pxe || http) {
+    let firmware = if !(pxe || http) {
         None
-    } else if is_ipxe(req) {
-        Some(BootClass::Ipxe)
     } else {
         match (http, arch) {
             (true, Some(arch::HTTP_ARM64 | arch::EFI_ARM64)) => Some(BootClass::HttpArm64),
@@ -130,8 +131,14 @@ pub fn classify(req: &Checked) -> Client {
             (false, Some(_)) => None,
         }
     };
+    let class = if (pxe || http) && is_ipxe(req) {
+        Some(BootClass::Ipxe)
+    } else {
+        firmware
+    };
     Client {
         class,
+        firmware,
         arches,
         uuid: req.option(97).and_then(uuid),
         vendor_class,

@@ -59,6 +59,9 @@ pub struct NodeView {
     /// Marked to boot from its local disk (label `boot=local`): no boot file, and in
     /// proxy mode no answer at all.
     pub local_boot: bool,
+    /// An iPXE client that is to get our iPXE binary for its firmware rather than its
+    /// script (`[dhcp] chainload = "always"`, decided per transaction by `chain`).
+    pub chainload: bool,
 }
 
 /// The port a request came in on.
@@ -115,7 +118,10 @@ fn boot_info(
     node: &NodeView,
     s: &Settings,
 ) -> Option<(String, Options, BootClass)> {
-    let class = client.class?;
+    let class = match client.class? {
+        BootClass::Ipxe if node.chainload => client.firmware?,
+        class => class,
+    };
     if node.local_boot || !node.bootable {
         return None;
     }
@@ -328,6 +334,7 @@ mod tests {
     const BOOTABLE: NodeView = NodeView {
         bootable: true,
         local_boot: false,
+        chainload: false,
     };
 
     fn settings(mode: Mode) -> Settings {
@@ -471,7 +478,8 @@ mod tests {
                 &[],
                 NodeView {
                     bootable: true,
-                    local_boot: true
+                    local_boot: true,
+                    chainload: false,
                 },
                 None,
                 Port::Dhcp
@@ -508,6 +516,48 @@ mod tests {
             (r.message_type, r.file.as_deref()),
             (ACK, Some("snponly.efi"))
         );
+    }
+
+    /// An iPXE client marked for chainloading gets the binary of its firmware class
+    /// (from option 60's arch) with TFTP options, in both modes.
+    #[test]
+    fn an_ipxe_client_to_chainload_gets_the_binary_of_its_firmware() {
+        const IPXE_EFI: &[(u8, &[u8])] = &[
+            (60, b"PXEClient:Arch:00007:UNDI:003010"),
+            (93, &[0, 7]),
+            (77, b"iPXE"),
+        ];
+        let chain = NodeView {
+            chainload: true,
+            ..BOOTABLE
+        };
+        for (class, file) in [(IPXE, "undionly.kpxe"), (IPXE_EFI, "snponly.efi")] {
+            let r = reply(ask(Mode::Proxy, 1, class, &[], chain, None, Port::Dhcp));
+            assert_eq!(r.file.as_deref(), Some(file));
+            assert_eq!(opt(&r, 66), Some(&b"10.9.0.1"[..]));
+            let mut leases = pool();
+            let r = reply(ask(
+                Mode::Authoritative,
+                1,
+                class,
+                &[],
+                chain,
+                Some(&mut leases),
+                Port::Dhcp,
+            ));
+            assert_eq!(r.file.as_deref(), Some(file));
+            assert_eq!(
+                r.class,
+                Some(if file == "undionly.kpxe" {
+                    BootClass::Bios
+                } else {
+                    BootClass::UefiX64
+                })
+            );
+        }
+        // Not marked: the script, as before.
+        let r = reply(ask(Mode::Proxy, 1, IPXE, &[], BOOTABLE, None, Port::Dhcp));
+        assert_eq!(r.file.as_deref(), Some("http://10.9.0.1:8080/boot.ipxe"));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! DHCPv4: proxyDHCP (boot information next to the site's DHCP) and authoritative mode
 //! (pool, reservations, leases). `wire` checks untrusted bytes, `classify` names the
-//! client, `decide` answers (pure), `leases` keeps the pool (pure), `reply` encodes,
+//! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps the pool (pure), `reply` encodes,
 //! `server` moves datagrams and persists leases in batches.
 
+pub mod chain;
 pub mod classify;
 pub mod decide;
 pub mod leases;

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::classify::classify;
+use super::chain::{Chain, ChainMemory, ChainPolicy};
+use super::classify::{BootClass, classify};
 use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
 use super::leases::Leases;
 use super::metrics::DhcpMetrics;
@@ -28,6 +29,9 @@ pub struct DhcpServer {
     pub leases: Option<Mutex<Leases>>,
     pub store: Store,
     pub metrics: Arc<DhcpMetrics>,
+    /// `[dhcp] chainload`, and what each MAC was last given under it.
+    pub chain_policy: ChainPolicy,
+    pub chain: Mutex<ChainMemory>,
     /// Where relayed replies go (a relay agent listens on 67).
     pub relay_port: u16,
     /// Where replies to clients go.
@@ -69,6 +73,10 @@ impl DhcpServer {
             Ok(node) => NodeView {
                 bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
                 local_boot: node.labels.get("boot").is_some_and(|v| v == "local"),
+                // Here: whether the node is to be chainloaded at all; `handle` decides
+                // whether this transaction gets the binary.
+                chainload: self.chain_policy == ChainPolicy::Always
+                    || node.labels.get("ipxe").is_some_and(|v| v == "chainload"),
             },
             Err(e) => {
                 tracing::warn!(%mac, error = %e, "cannot look the node up; no boot file");
@@ -93,9 +101,18 @@ impl DhcpServer {
             }
         };
         let client = classify(&req);
-        let node = self
+        let mut node = self
             .node_view(&req, client.uuid.as_deref(), client.class.is_some())
             .await;
+        node.chainload = node.chainload
+            && node.bootable
+            && !node.local_boot
+            && client.class == Some(BootClass::Ipxe)
+            && self.chain.lock().expect("not poisoned").choose(
+                req.chaddr,
+                req.xid,
+                crate::store::now_ms(),
+            ) == Chain::Binary;
         let decision = {
             let mut leases = self
                 .leases
@@ -122,6 +139,9 @@ impl DhcpServer {
                 return None;
             }
         };
+        if node.chainload {
+            self.metrics.count("chainload");
+        }
         self.metrics.count(match reply.message_type {
             super::decide::OFFER => "offer",
             NAK => "nak",

@@ -133,10 +133,14 @@ fn exercise(bytes: &[u8], leases: &mut Leases, now: i64) -> bool {
     let client = classify(&req);
     let relay = relay_info(bytes);
     for mode in [Mode::Proxy, Mode::Authoritative] {
-        for port in [Port::Dhcp, Port::PxeServer] {
+        for (port, chainload) in [Port::Dhcp, Port::PxeServer]
+            .into_iter()
+            .flat_map(|p| [(p, false), (p, true)])
+        {
             let node = NodeView {
                 bootable: true,
                 local_boot: false,
+                chainload,
             };
             let s = settings(mode);
             if let Decision::Reply(r) = decide(&req, &client, &node, &s, Some(leases), port, now) {

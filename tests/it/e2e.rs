@@ -77,6 +77,15 @@ async fn built(version: &'static str, env: &'static str) -> (tempfile::TempDir, 
 
 /// A segment and a bootfleet serving it: DHCP in `mode`, TFTP for the iPXE binaries.
 async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServer) {
+    lab_with(n, mode, Default::default()).await
+}
+
+/// As `lab`, with `[dhcp] chainload` set.
+async fn lab_with(
+    n: u32,
+    mode: bootfleet::dhcp::decide::Mode,
+    chainload: bootfleet::dhcp::chain::ChainPolicy,
+) -> (Segment, TestServer) {
     let segment = Segment::new(n);
     let ip = format!("10.88.{n}.1");
     let port = 18_000 + n as u16;
@@ -96,6 +105,7 @@ async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServe
                 reservations: Default::default(),
                 lease_secs: 600,
             }),
+            chainload,
             ..Default::default()
         };
     })
@@ -112,7 +122,7 @@ async fn publish_and_assign(server: &TestServer, dir: &Path, mac: &str) -> Value
 }
 
 fn segment_number(salt: u32) -> u32 {
-    40 + (std::process::id() * 4 + salt) % 160
+    40 + (std::process::id() * 5 + salt) % 160
 }
 
 /// Tars a built image directory for the publish API.
@@ -211,7 +221,11 @@ impl Segment {
     }
 
     /// Powers on a VM that network-boots (QEMU's iPXE ROM), serial console to `log`.
+    /// SeaBIOS copies the text screen to the serial port (its `etc/sercon-port`, a
+    /// little-endian port number), so the log shows the firmware and iPXE too.
     fn power_on(&mut self, mac: &str, log: &Path) {
+        let sercon = log.with_extension("sercon");
+        std::fs::write(&sercon, 0x3f8u16.to_le_bytes()).unwrap();
         let vm = Command::new("qemu-system-x86_64")
             .args([
                 "-machine",
@@ -223,6 +237,10 @@ impl Segment {
                 "none",
             ])
             .args(["-serial", &format!("file:{}", log.display())])
+            .args([
+                "-fw_cfg",
+                &format!("name=etc/sercon-port,file={}", sercon.display()),
+            ])
             .args([
                 "-netdev",
                 &format!("tap,id=n0,ifname={},script=no,downscript=no", self.tap),
@@ -390,6 +408,61 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
     server.stop().await;
 }
 
+/// (b) BIOS chainloading: with `[dhcp] chainload = "always"` QEMU's iPXE ROM is handed
+/// `undionly.kpxe` over TFTP, which runs on the ROM's UNDI driver, asks DHCP again and
+/// gets the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
+    require();
+    let n = segment_number(4);
+    let (_d, dir) = built("1", "").await;
+    let (mut segment, server) = lab_with(
+        n,
+        bootfleet::dhcp::decide::Mode::Authoritative,
+        bootfleet::dhcp::chain::ChainPolicy::Always,
+    )
+    .await;
+    let mac = format!("52:54:00:e2:{n:02x}:04");
+    publish_and_assign(&server, &dir, &mac).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("serial.log");
+    let powered = Instant::now();
+    segment.power_on(&mac, &log);
+    let node = wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(300),
+        "chainloaded BIOS boot to ready",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    eprintln!(
+        "e2e: BIOS ROM -> TFTP undionly.kpxe power-on to ready {:?} (QEMU TCG)",
+        powered.elapsed()
+    );
+    // The screen, as SeaBIOS copied it: the ROM's iPXE, then ours on the UNDI driver.
+    let serial = std::fs::read_to_string(&log).unwrap();
+    let rom = serial.find("using virtio-net").expect("the ROM's iPXE ran");
+    let undi = serial[rom..]
+        .find("undionly.kpxe")
+        .map(|at| rom + at)
+        .unwrap_or_else(|| panic!("the ROM did not fetch undionly.kpxe:\n{serial}"));
+    assert!(
+        serial[undi..].contains("using undionly"),
+        "undionly.kpxe did not take over the NIC:\n{serial}"
+    );
+    assert_eq!(node["boots"].as_array().unwrap().len(), 1, "{node}");
+    let steps: Vec<&str> = node["boots"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps.last(), Some(&"validated"), "{node}");
+    server.stop().await;
+}
+
 /// (c) UEFI: OVMF's own PXE gets snponly.efi over TFTP from bootfleet, iPXE asks DHCP
 /// again (now as iPXE) and boots the script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,6 +493,23 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     eprintln!(
         "e2e: UEFI PXE -> TFTP snponly.efi power-on to ready {:?} (QEMU TCG)",
         powered.elapsed()
+    );
+    // OVMF's PXE fetched snponly.efi over TFTP (not its HTTP-boot fallback), and that
+    // iPXE drove the NIC through the firmware's SNP.
+    let serial = std::fs::read_to_string(&log).unwrap();
+    for seen in [
+        "Start PXE over IPv4",
+        "NBP filename is snponly.efi",
+        "using SNP",
+    ] {
+        assert!(
+            serial.contains(seen),
+            "{seen:?} not on the console:\n{serial}"
+        );
+    }
+    assert!(
+        !serial.contains("HTTP Boot"),
+        "OVMF fell back to HTTP boot:\n{serial}"
     );
     server.stop().await;
 }

@@ -47,6 +47,9 @@ impl TestServer {
         bootfleet::server::start_dhcp(&cfg, &state, shutdown.clone())
             .await
             .expect("DHCP starts");
+        bootfleet::server::start_tftp(&cfg, &state, shutdown.clone())
+            .await
+            .expect("TFTP starts");
         let task = tokio::spawn(bootfleet::server::run(listener, state, shutdown.clone()));
         Self {
             addr,
