@@ -4,7 +4,8 @@
 # chain of dnsmasq (DHCP + TFTP) and nginx (HTTP), in the same run. "initramfs" is the
 # moment the serial console prints "starting bootfleet-agent" (network up, DHCP done);
 # "attested" is when bootfleet records the attestation (bootfleet chain only).
-# Usage: sudo bench/boot.sh [RUNS=3]. Needs what deploy/lab/run.sh needs, plus dnsmasq-base
+# Usage: sudo bench/boot.sh [RUNS=3]. FIRMWARES="uefi" runs one firmware only; STEPS=1 prints,
+# per run, when each boot step reached the serial console (seconds from power-on). Needs what deploy/lab/run.sh needs, plus dnsmasq-base
 # and nginx-light.
 source "$(dirname "$0")/lib.sh"
 runs=${1:-3}
@@ -48,13 +49,29 @@ power_on() {
   VM_PID=$!
 }
 
-# until_marker LOG START: seconds from START until the serial log shows the marker.
+# until_marker LOG START: seconds from START until the serial log shows the marker. Also
+# writes LOG.sizes: "seconds size" whenever the log grew, for steps().
 until_marker() {
-  for _ in $(seq 1800); do
+  local last=-1 size
+  for _ in $(seq 3600); do
+    size=$(stat -c %s "$1" 2>/dev/null || echo 0)
+    [ "$size" != "$last" ] && { echo "$(echo "$(date +%s.%N) - $2" | bc -l) $size" >>"$1.sizes"; last=$size; }
     grep -q "starting bootfleet-agent" "$1" 2>/dev/null && { echo "$(date +%s.%N) - $2" | bc -l; return; }
-    sleep 0.1
+    sleep 0.05
   done
   echo 999
+}
+
+# steps LOG: when (seconds from power-on, to 0.05 s) each boot step's line reached the log.
+steps() {
+  [ "${STEPS:-0}" = 1 ] || return 0
+  local pattern line offset
+  for pattern in "Start PXE" "NBP filename" "iPXE initialising" "Configuring" "boot.ipxe" \
+      "node.ipxe" "vmlinuz\|blobs/sha256" "Command line" "udhcpc: started" "starting bootfleet-agent"; do
+    line=$(tr -d '\033' <"$1" | grep -a -b -m1 "$pattern") || continue
+    offset=${line%%:*}
+    awk -v o="$offset" -v p="$pattern" '$2 > o { printf "  %6.2f s  %s\n", $1, p; exit }' "$1.sizes"
+  done
 }
 
 # bootfleet chain
@@ -78,13 +95,15 @@ bf() { ip netns exec "$NS" "$BIN" --server http://10.97.0.1:8080 --data-dir "$wo
 bf image publish "$work/demo" --tag demo:stable >/dev/null
 bf node assign "$mac" demo:stable >/dev/null
 declare -A result
-for fw in bios uefi; do
+firmwares=${FIRMWARES:-bios uefi}
+for fw in $firmwares; do
   init=() attested=()
   for i in $(seq "$runs"); do
     log="$work/bf-$fw-$i.log"
     start=$(date +%s.%N)
     power_on "$fw" "$log"
     init+=("$(until_marker "$log" "$start")")
+    [ "${STEPS:-0}" = 1 ] && { echo "bootfleet $fw run $i:"; steps "$log"; }
     # attested: the newest boot's attestation time, relative to power-on.
     for _ in $(seq 300); do
       at=$(bf node show "$mac" --output json | tr -d ' \n' | sed 's/},{"id":.*//' | grep -o '"step":"attested","at":"[^"]*"' | head -1 | sed 's/.*"at":"\([^"]*\)"/\1/' || true)
@@ -125,13 +144,14 @@ ip netns exec "$NS" dnsmasq --keep-in-foreground --port=0 --interface=br0 --bind
   "--dhcp-boot=tag:ipxe,http://10.97.0.1:8081/boot.ipxe" "--dhcp-boot=tag:!ipxe,tag:efi,snponly.efi" \
   "--dhcp-boot=tag:!ipxe,tag:!efi,undionly.kpxe" 2>"$work/dnsmasq.log" &
 sleep 1
-for fw in bios uefi; do
+for fw in $firmwares; do
   init=()
   for i in $(seq "$runs"); do
     log="$work/ref-$fw-$i.log"
     start=$(date +%s.%N)
     power_on "$fw" "$log"
     init+=("$(until_marker "$log" "$start")")
+    [ "${STEPS:-0}" = 1 ] && { echo "dnsmasq+nginx $fw run $i:"; steps "$log"; }
     kill "$VM_PID" 2>/dev/null; wait "$VM_PID" 2>/dev/null || true
   done
   result[ref-$fw-init]=$(printf '%s\n' "${init[@]}" | median)
@@ -139,7 +159,7 @@ done
 
 machine
 echo "QEMU TCG, 512 MiB, virtio-net; demo image $(du -h "$work/demo/vmlinuz" | cut -f1) kernel + $(du -h "$work/demo/initrd.img" | cut -f1) initrd; median of $runs"
-for fw in bios uefi; do
+for fw in $firmwares; do
   printf '%-4s power-on to initramfs: bootfleet %.1f s, dnsmasq+nginx %.1f s, ratio %.2f (goal <= 1.0); bootfleet to attested %.1f s\n' \
     "$fw" "${result[bf-$fw-init]}" "${result[ref-$fw-init]}" \
     "$(echo "${result[bf-$fw-init]} / ${result[ref-$fw-init]}" | bc -l)" "${result[bf-$fw-attested]}"
