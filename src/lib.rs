@@ -14,5 +14,6 @@ pub mod node;
 pub mod registry;
 pub mod server;
 pub mod store;
+pub mod storm;
 pub mod tftp;
 pub mod webhook;

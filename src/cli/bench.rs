@@ -36,6 +36,89 @@ pub enum BenchCommand {
         #[arg(long)]
         expect: Option<Digest>,
     },
+    /// Publishes the storm image (random kernel and initrd, an 8-GPU policy) as
+    /// storm:stable and assigns it to the storm's MACs (02:bf:00:00:00:00 onward).
+    /// Prints the kernel and initrd blob URLs, one per line.
+    StormSetup {
+        #[arg(long, default_value_t = 1000)]
+        nodes: u32,
+        #[arg(long, default_value_t = 1.0)]
+        kernel_mib: f64,
+        #[arg(long, default_value_t = 4.0)]
+        initrd_mib: f64,
+        /// Also write vmlinuz and initrd.img here, for a reference web server.
+        #[arg(long)]
+        reference_dir: Option<std::path::PathBuf>,
+    },
+    /// N simulated nodes power on and boot through the whole protocol: DHCP as a PXE
+    /// ROM, TFTP, DHCP as iPXE, boot script, kernel and initrd (some cut and resumed with
+    /// Range), attest, validate, heartbeats. Run it where the nodes' DHCP broadcasts
+    /// reach the server (a namespace joined to the server's by a veth pair); reports
+    /// per-phase latency percentiles, failures by cause, and the server's CPU and memory.
+    Storm {
+        #[arg(long, default_value_t = 1000)]
+        nodes: u32,
+        /// Interface the nodes' DHCP goes out on.
+        #[arg(long)]
+        interface: String,
+        /// The DHCP server's port.
+        #[arg(long, default_value_t = 67)]
+        server_port: u16,
+        /// The nodes' DHCP port.
+        #[arg(long, default_value_t = 68)]
+        client_port: u16,
+        /// Spread power-on evenly over this long, for example 10s [default: all at once].
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        ramp: Duration,
+        /// Every Nth node cuts its kernel download halfway and resumes it (0: none).
+        #[arg(long, default_value_t = 10)]
+        cut_every: u32,
+        /// Heartbeats each node sends after validation.
+        #[arg(long, default_value_t = 2)]
+        heartbeats: u32,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        heartbeat_every: Duration,
+        /// Send each node's TFTP and HTTP from the address DHCP gave it (the pool must be
+        /// routed to this machine: `ip route add local <pool> dev lo`).
+        #[arg(long)]
+        bind_leased: bool,
+        /// Stop after the downloads (a reference stack with no agent API).
+        #[arg(long)]
+        no_agent: bool,
+        /// A node not done within this long counts as failed.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        deadline: Duration,
+        /// PIDs of the server under test: their CPU time and peak RSS are reported.
+        #[arg(long, value_delimiter = ',')]
+        measure_pid: Vec<u32>,
+    },
+    /// The HTTP phase alone: N clients, each on its own connection, download every URL
+    /// at once; every Nth cuts its first download halfway and resumes it.
+    Http {
+        #[arg(long, required = true)]
+        url: Vec<String>,
+        #[arg(long, default_value_t = 1000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 10)]
+        cut_every: usize,
+    },
+    /// The loopback bound for the HTTP phase: the same bytes over the same number of TCP
+    /// connections, from memory to a reader, with no protocol.
+    Bound {
+        #[arg(long, default_value_t = 1000)]
+        connections: usize,
+        /// Bytes per connection (kernel + initrd).
+        #[arg(long)]
+        bytes: u64,
+    },
+}
+
+/// Thousands of simulated nodes hold thousands of sockets: lift the soft limit to the hard.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -54,8 +137,95 @@ struct TftpReport {
     errors: Vec<String>,
 }
 
-pub async fn run(cmd: BenchCommand, out: OutputFormat) -> anyhow::Result<()> {
+/// The storm commands; `server`, `token` and `data_dir` are the global admin options.
+pub async fn run(
+    cmd: BenchCommand,
+    out: OutputFormat,
+    server: &str,
+    token: Option<String>,
+    data_dir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use crate::storm;
     match cmd {
+        BenchCommand::StormSetup {
+            nodes,
+            kernel_mib,
+            initrd_mib,
+            reference_dir,
+        } => {
+            let client = super::client::Client::new(server, token, data_dir)?;
+            let token = client
+                .token()
+                .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;
+            let urls = storm::setup::setup(
+                server,
+                token,
+                nodes,
+                kernel_mib,
+                initrd_mib,
+                reference_dir.as_deref(),
+            )
+            .await?;
+            emit(out, &urls, |u| println!("{}", u.join("\n")))
+        }
+        BenchCommand::Storm {
+            nodes,
+            interface,
+            server_port,
+            client_port,
+            ramp,
+            cut_every,
+            heartbeats,
+            heartbeat_every,
+            bind_leased,
+            no_agent,
+            deadline,
+            measure_pid,
+        } => {
+            raise_open_files_limit();
+            let behaviour = storm::node::Behaviour {
+                heartbeats,
+                heartbeat_every,
+                bind_leased,
+                no_agent,
+                tftp: ClientOptions::default(),
+                pxe_attempts: 3,
+                kernel_release: storm::setup::KERNEL_RELEASE.into(),
+                versions: [(
+                    "nvidia-driver".to_string(),
+                    storm::setup::DRIVER.to_string(),
+                )]
+                .into(),
+                gpu_report: storm::gpu_report(),
+            };
+            let report = storm::run(storm::Storm {
+                nodes,
+                interface,
+                server_port,
+                client_port,
+                ramp,
+                cut_every,
+                deadline,
+                behaviour,
+                measure: measure_pid,
+            })
+            .await?;
+            emit(out, &report, |r| print!("{r}"))
+        }
+        BenchCommand::Http {
+            url,
+            nodes,
+            cut_every,
+        } => {
+            raise_open_files_limit();
+            let r = storm::copy::http_phase(&url, nodes, cut_every).await;
+            emit(out, &r, |r| println!("http: {r}"))
+        }
+        BenchCommand::Bound { connections, bytes } => {
+            raise_open_files_limit();
+            let r = storm::copy::loopback_bound(connections, bytes).await?;
+            emit(out, &r, |r| println!("loopback bound: {r}"))
+        }
         BenchCommand::Tftp {
             target,
             file,
@@ -71,6 +241,7 @@ pub async fn run(cmd: BenchCommand, out: OutputFormat) -> anyhow::Result<()> {
                 windowsize,
                 timeout: Duration::from_millis(timeout_ms),
                 max_retries: 10,
+                local_ip: None,
             };
             let total = transfers.unwrap_or(clients);
             let queue = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -16,6 +16,11 @@ pub struct Client {
 }
 
 impl Client {
+    /// The admin token found, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// Token: `--token`/`BOOTFLEET_TOKEN`, else `<data-dir>/admin.token` if readable.
     pub fn new(
         server: &str,

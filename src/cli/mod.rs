@@ -68,7 +68,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
             node::run(cmd, &client, cli.output).await
         }
-        Command::Bench(cmd) => bench::run(cmd, cli.output).await,
+        Command::Bench(cmd) => {
+            bench::run(
+                cmd,
+                cli.output,
+                &cli.server,
+                cli.token,
+                cli.data_dir.as_deref(),
+            )
+            .await
+        }
     }
 }
 

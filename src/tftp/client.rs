@@ -17,6 +17,8 @@ pub struct ClientOptions {
     /// Wait this long for the next packet before re-sending the last ACK (or the RRQ).
     pub timeout: Duration,
     pub max_retries: u32,
+    /// Send from this address (a simulated node's leased address) rather than any.
+    pub local_ip: Option<std::net::IpAddr>,
 }
 
 impl Default for ClientOptions {
@@ -26,6 +28,7 @@ impl Default for ClientOptions {
             windowsize: None,
             timeout: Duration::from_secs(1),
             max_retries: 10,
+            local_ip: None,
         }
     }
 }
@@ -55,13 +58,11 @@ pub async fn fetch(
     opts: &ClientOptions,
 ) -> Result<Fetched, FetchError> {
     let started = Instant::now();
-    let local: SocketAddr = if server.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    }
-    .parse()
-    .expect("valid");
+    let local: SocketAddr = match opts.local_ip {
+        Some(ip) => SocketAddr::new(ip, 0),
+        None if server.is_ipv4() => "0.0.0.0:0".parse().expect("valid"),
+        None => "[::]:0".parse().expect("valid"),
+    };
     let socket = UdpSocket::bind(local).await?;
     let mut options = Vec::new();
     if let Some(b) = opts.blksize {

@@ -1,0 +1,100 @@
+//! The boot-storm simulator (`bootfleet bench storm`): N nodes power on together and go
+//! through the whole boot against a running server: DHCP as a PXE ROM, TFTP of the boot
+//! file, DHCP as iPXE, the boot script, kernel and initrd (some cut and resumed), then
+//! attest, validate and heartbeats. `dhcp` is the shared firmware-like DHCP client,
+//! `node` one node's boot, `report` the figures (pure), `setup` the image and assignments,
+//! `copy` the HTTP phase alone and its loopback bound, `procstat` the server's cost.
+
+pub mod copy;
+pub mod dhcp;
+pub mod node;
+pub mod procstat;
+pub mod report;
+pub mod setup;
+
+use std::time::{Duration, Instant};
+
+use node::Behaviour;
+use report::{Report, ServerCost};
+
+/// One storm: who, how many, how they behave.
+#[derive(Debug, Clone)]
+pub struct Storm {
+    pub nodes: u32,
+    /// Interface the nodes' DHCP broadcasts go out on.
+    pub interface: String,
+    pub server_port: u16,
+    pub client_port: u16,
+    /// Power-on is spread evenly over this long (0: all at once).
+    pub ramp: Duration,
+    /// Every Nth node cuts its kernel download halfway (0: none).
+    pub cut_every: u32,
+    /// A node still booting after this long counts as failed.
+    pub deadline: Duration,
+    pub behaviour: Behaviour,
+    /// Processes whose CPU time and peak memory are reported (the server under test).
+    pub measure: Vec<u32>,
+}
+
+/// The healthy 8-GPU validation report every simulated node sends.
+pub fn gpu_report() -> serde_json::Value {
+    serde_json::from_str(include_str!(
+        "../../tests/fixtures/gpu/hgx-h100-healthy.json"
+    ))
+    .expect("the fixture is JSON")
+}
+
+pub async fn run(storm: Storm) -> anyhow::Result<Report> {
+    let segment = dhcp::Segment::open(&storm.interface, storm.client_port, storm.server_port)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open the nodes' DHCP socket on {} port {}: {e}",
+                storm.interface,
+                storm.client_port
+            )
+        })?;
+    let cpu_before: Vec<f64> = storm
+        .measure
+        .iter()
+        .map(|&p| procstat::cpu_secs(p))
+        .collect::<std::io::Result<_>>()?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let behaviour = std::sync::Arc::new(storm.behaviour.clone());
+    for i in 0..storm.nodes {
+        let (segment, behaviour) = (segment.clone(), behaviour.clone());
+        let at = storm
+            .ramp
+            .mul_f64(f64::from(i) / f64::from(storm.nodes.max(1)));
+        let cut = storm.cut_every > 0 && i % storm.cut_every == 0;
+        let deadline = storm.deadline;
+        tasks.spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(started + at)).await;
+            let boot = node::boot(&segment, &behaviour, setup::mac(i), cut);
+            match tokio::time::timeout(deadline, boot).await {
+                Ok(r) => r,
+                Err(_) => node::NodeResult {
+                    failure: Some((node::Phase::Ready, format!("not done within {deadline:?}"))),
+                    ..Default::default()
+                },
+            }
+        });
+    }
+    let mut results = Vec::with_capacity(storm.nodes as usize);
+    while let Some(r) = tasks.join_next().await {
+        results.push(r?);
+    }
+    let wall = started.elapsed();
+    let server = if storm.measure.is_empty() {
+        None
+    } else {
+        let mut cost = ServerCost::default();
+        for (&pid, before) in storm.measure.iter().zip(cpu_before) {
+            cost.cpu_secs += procstat::cpu_secs(pid)? - before;
+            cost.peak_rss_mib += procstat::peak_rss_mib(pid)?;
+        }
+        Some(cost)
+    };
+    let strays = segment.strays.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(report::build(&results, wall, strays, server))
+}

@@ -1,0 +1,499 @@
+//! One simulated node's boot, phase by phase, behaving like the firmware, iPXE and the
+//! agent it imitates: DHCP as a PXE ROM, TFTP of the boot file, DHCP again as iPXE, the
+//! boot script over HTTP, kernel and initrds (some cut on purpose and resumed with Range),
+//! then attest, validate and heartbeats as `bootfleet-agent` would.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::dhcp::{Asker, Segment};
+use crate::tftp::client::{ClientOptions, fetch};
+
+/// The steps of a boot, in order; `Ready` is power-on to validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    DhcpPxe,
+    Tftp,
+    DhcpIpxe,
+    Script,
+    Kernel,
+    Initrd,
+    Attest,
+    Validate,
+    Heartbeat,
+    Ready,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::DhcpPxe => "dhcp (pxe)",
+            Phase::Tftp => "tftp",
+            Phase::DhcpIpxe => "dhcp (ipxe)",
+            Phase::Script => "script",
+            Phase::Kernel => "kernel",
+            Phase::Initrd => "initrd",
+            Phase::Attest => "attest",
+            Phase::Validate => "validate",
+            Phase::Heartbeat => "heartbeat",
+            Phase::Ready => "power-on to ready",
+        }
+    }
+}
+
+/// How every simulated node behaves.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    pub heartbeats: u32,
+    pub heartbeat_every: Duration,
+    /// Bind TCP and TFTP sockets to the address DHCP gave (a local route makes the pool
+    /// ours), so the server sees one address per node.
+    pub bind_leased: bool,
+    /// Stop after the downloads: the reference stack has no agent API.
+    pub no_agent: bool,
+    pub tftp: ClientOptions,
+    /// PXE attempts (DHCP + TFTP) before the ROM gives up.
+    pub pxe_attempts: u32,
+    /// The pins the simulated agent reports (what the storm image pins).
+    pub kernel_release: String,
+    pub versions: BTreeMap<String, String>,
+    /// The validation report, with GPU UUIDs made per node.
+    pub gpu_report: Value,
+}
+
+/// What one node's boot came to.
+#[derive(Debug, Default, Clone)]
+pub struct NodeResult {
+    pub phases: Vec<(Phase, Duration)>,
+    /// The phase that failed and why; None when the node reached its last heartbeat.
+    pub failure: Option<(Phase, String)>,
+    pub retries: BTreeMap<&'static str, u32>,
+    pub http_bytes: u64,
+}
+
+impl NodeResult {
+    fn retry(&mut self, kind: &'static str, n: u32) {
+        if n > 0 {
+            *self.retries.entry(kind).or_default() += n;
+        }
+    }
+}
+
+struct Failed(Phase, String);
+
+fn hexhyp(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// Boots node `mac`; `cut` makes it cut its kernel download halfway and resume it.
+pub async fn boot(segment: &Segment, b: &Behaviour, mac: [u8; 6], cut: bool) -> NodeResult {
+    let mut r = NodeResult::default();
+    let power_on = Instant::now();
+    if let Err(Failed(phase, why)) = run(segment, b, mac, cut, &mut r, power_on).await {
+        r.failure = Some((phase, why));
+    }
+    r
+}
+
+async fn run(
+    segment: &Segment,
+    b: &Behaviour,
+    mac: [u8; 6],
+    cut: bool,
+    r: &mut NodeResult,
+    power_on: Instant,
+) -> Result<(), Failed> {
+    // The PXE ROM: DHCP, then the boot file over TFTP; a failed TFTP restarts PXE.
+    let mut attempt = 0;
+    let leased = loop {
+        attempt += 1;
+        let t = Instant::now();
+        let bound = segment
+            .dora(mac, Asker::Pxe)
+            .await
+            .map_err(|e| Failed(Phase::DhcpPxe, e.to_string()))?;
+        r.phases.push((Phase::DhcpPxe, t.elapsed()));
+        r.retry("dhcp retransmit", bound.retransmits);
+        let file = bound
+            .file
+            .clone()
+            .ok_or_else(|| Failed(Phase::DhcpPxe, "no boot file offered".into()))?;
+        let t = Instant::now();
+        let mut opts = b.tftp.clone();
+        if b.bind_leased {
+            opts.local_ip = Some(IpAddr::V4(bound.ip));
+        }
+        let tftp_server = SocketAddr::new(IpAddr::V4(bound.next_server), 69);
+        match fetch(tftp_server, &file, &opts).await {
+            Ok(f) => {
+                r.phases.push((Phase::Tftp, t.elapsed()));
+                r.retry("tftp timeout", f.timeouts);
+                break bound.ip;
+            }
+            Err(e) if attempt < b.pxe_attempts => {
+                r.retry("pxe restart after tftp failure", 1);
+                tracing::debug!(error = %e, "tftp failed; the ROM starts over");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(Failed(Phase::Tftp, e.to_string())),
+        }
+    };
+
+    // iPXE: DHCP again, now as iPXE, for the script URL.
+    let t = Instant::now();
+    let bound = segment
+        .dora(mac, Asker::Ipxe)
+        .await
+        .map_err(|e| Failed(Phase::DhcpIpxe, e.to_string()))?;
+    r.phases.push((Phase::DhcpIpxe, t.elapsed()));
+    r.retry("dhcp retransmit", bound.retransmits);
+    let url = bound
+        .file
+        .filter(|f| f.starts_with("http://"))
+        .ok_or_else(|| Failed(Phase::DhcpIpxe, "no script URL for iPXE".into()))?;
+    let mut http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(1);
+    if b.bind_leased {
+        http = http.local_address(IpAddr::V4(leased));
+    }
+    let http = http
+        .build()
+        .map_err(|e| Failed(Phase::Script, e.to_string()))?;
+
+    // The script: the entry script chains to the node's own.
+    let t = Instant::now();
+    let mut script = get_text(&http, &url, r)
+        .await
+        .map_err(|e| Failed(Phase::Script, e))?;
+    if let Some(next) = chained(&script, mac) {
+        script = get_text(&http, &next, r)
+            .await
+            .map_err(|e| Failed(Phase::Script, e))?;
+    }
+    r.phases.push((Phase::Script, t.elapsed()));
+    let plan = parse_script(&script).map_err(|e| Failed(Phase::Script, e))?;
+
+    let t = Instant::now();
+    r.http_bytes += download(&http, &plan.kernel, cut, r)
+        .await
+        .map_err(|e| Failed(Phase::Kernel, e))?;
+    r.phases.push((Phase::Kernel, t.elapsed()));
+    let t = Instant::now();
+    for initrd in &plan.initrds {
+        r.http_bytes += download(&http, initrd, false, r)
+            .await
+            .map_err(|e| Failed(Phase::Initrd, e))?;
+    }
+    r.phases.push((Phase::Initrd, t.elapsed()));
+    if b.no_agent {
+        r.phases.push((Phase::Ready, power_on.elapsed()));
+        return Ok(());
+    }
+
+    // The agent, from the kernel command line.
+    let arg = |name: &str| {
+        plan.args
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("bootfleet.{name}=")))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Failed(
+                    Phase::Attest,
+                    format!("bootfleet.{name} not on the command line"),
+                )
+            })
+    };
+    let agent = Agent {
+        http: &http,
+        server: arg("server")?,
+        token: arg("token")?,
+        boot: arg("boot")?,
+        mac: arg("mac")?,
+    };
+    let t = Instant::now();
+    let report = json!({
+        "image_digest": arg("image")?,
+        "kernel_release": b.kernel_release,
+        "cmdline": plan.args,
+        "versions": b.versions,
+        "modules": [],
+    });
+    agent
+        .post("attest", json!({ "report": report }), r)
+        .await
+        .map_err(|e| Failed(Phase::Attest, e))?;
+    r.phases.push((Phase::Attest, t.elapsed()));
+
+    let t = Instant::now();
+    let mut gpus = b.gpu_report.clone();
+    let mut uuids = Vec::new();
+    if let Some(list) = gpus["gpus"].as_array_mut() {
+        for (i, g) in list.iter_mut().enumerate() {
+            let uuid = format!("GPU-{}-{i}", hexhyp(mac));
+            g["uuid"] = Value::String(uuid.clone());
+            uuids.push(uuid);
+        }
+    }
+    agent
+        .post("validate", json!({ "report": gpus }), r)
+        .await
+        .map_err(|e| Failed(Phase::Validate, e))?;
+    r.phases.push((Phase::Validate, t.elapsed()));
+    r.phases.push((Phase::Ready, power_on.elapsed()));
+
+    for i in 0..b.heartbeats {
+        if i > 0 {
+            tokio::time::sleep(b.heartbeat_every).await;
+        }
+        let t = Instant::now();
+        let facts = json!({
+            "kernel_release": b.kernel_release,
+            "cmdline": plan.args,
+            "versions": b.versions,
+            "modules": [],
+            "gpus": uuids,
+        });
+        let answer = agent
+            .post("heartbeat", json!({ "facts": facts }), r)
+            .await
+            .map_err(|e| Failed(Phase::Heartbeat, e))?;
+        r.phases.push((Phase::Heartbeat, t.elapsed()));
+        if answer["action"] != "none" {
+            return Err(Failed(
+                Phase::Heartbeat,
+                format!("heartbeat answered {}", answer["action"]),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// iPXE's own back-off between failed fetches in our scripts, roughly.
+const HTTP_RETRY_DELAYS: [u64; 5] = [1, 2, 4, 8, 16];
+
+async fn get_text(http: &reqwest::Client, url: &str, r: &mut NodeResult) -> Result<String, String> {
+    let mut last = String::new();
+    for (i, delay) in std::iter::once(0).chain(HTTP_RETRY_DELAYS).enumerate() {
+        if i > 0 {
+            r.retry("http retry", 1);
+            tokio::time::sleep(Duration::from_secs(delay)).await;
+        }
+        match http.get(url).send().await {
+            Ok(resp) if resp.status().is_success() => match resp.text().await {
+                Ok(t) => return Ok(t),
+                Err(e) => last = e.to_string(),
+            },
+            Ok(resp) => last = format!("{url}: {}", resp.status()),
+            Err(e) => last = format!("{url}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// The URL an entry script chains to, with the iPXE variables it uses filled in.
+fn chained(script: &str, mac: [u8; 6]) -> Option<String> {
+    let line = script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("chain "))?;
+    let url = line.split_whitespace().find(|w| w.starts_with("http://"))?;
+    Some(
+        url.replace("${mac:hexhyp}", &hexhyp(mac))
+            // A BIOS machine's iPXE; the UUID is left out, as for a board without one.
+            .replace("${uuid}", "")
+            .replace("${buildarch}", "i386")
+            .replace("${platform}", "pcbios"),
+    )
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct ScriptPlan {
+    pub kernel: String,
+    pub args: String,
+    pub initrds: Vec<String>,
+}
+
+/// The first `kernel` line (URL and arguments) and every `initrd` URL, in order; retry
+/// labels repeat the same lines, so each URL is taken once.
+pub fn parse_script(script: &str) -> Result<ScriptPlan, String> {
+    let mut kernel = None;
+    let mut initrds: Vec<String> = Vec::new();
+    for line in script.lines().map(str::trim) {
+        let line = line.split(" && ").next().unwrap_or(line);
+        if let Some(rest) = line.strip_prefix("kernel ") {
+            if kernel.is_none() {
+                let mut words = rest.splitn(2, ' ');
+                let url = words.next().unwrap_or_default().to_string();
+                let args = words.next().unwrap_or_default().trim().to_string();
+                kernel = Some((url, args));
+            }
+        } else if let Some(rest) = line.strip_prefix("initrd ") {
+            let url = rest
+                .split_whitespace()
+                .find(|w| w.starts_with("http://"))
+                .ok_or_else(|| format!("initrd line without a URL: {line}"))?;
+            if !initrds.iter().any(|u| u == url) {
+                initrds.push(url.to_string());
+            }
+        }
+    }
+    let (kernel, args) = kernel.ok_or("no kernel line in the boot script")?;
+    Ok(ScriptPlan {
+        kernel,
+        args,
+        initrds,
+    })
+}
+
+/// Downloads `url` whole; with `cut`, drops the connection halfway and fetches the rest
+/// with a Range request, as iPXE does after an interrupted download. Returns the bytes.
+async fn download(
+    http: &reqwest::Client,
+    url: &str,
+    cut: bool,
+    r: &mut NodeResult,
+) -> Result<u64, String> {
+    let mut have = 0u64;
+    let mut total: Option<u64> = None;
+    let mut cut_pending = cut;
+    let mut failures = 0usize;
+    loop {
+        let mut req = http.get(url);
+        if have > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let outcome: Result<bool, String> = async {
+            let resp = req.send().await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            match (have, status) {
+                (0, 200) => total = resp.content_length(),
+                (_, 206) => {}
+                _ => return Err(format!("{url}: {status} for bytes {have}-")),
+            }
+            let len = total.ok_or("no Content-Length")?;
+            let mut stream = resp.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                have += chunk.map_err(|e| e.to_string())?.len() as u64;
+                if cut_pending && have >= len / 2 {
+                    return Ok(false); // dropped on purpose
+                }
+            }
+            Ok(have == len)
+        }
+        .await;
+        match outcome {
+            Ok(true) => return Ok(have),
+            Ok(false) if cut_pending => {
+                cut_pending = false;
+                r.retry("download cut and resumed", 1);
+            }
+            Ok(false) => return Err(format!("{url}: short body ({have} bytes)")),
+            Err(e) => {
+                if failures >= HTTP_RETRY_DELAYS.len() {
+                    return Err(e);
+                }
+                r.retry("http retry", 1);
+                tokio::time::sleep(Duration::from_secs(HTTP_RETRY_DELAYS[failures])).await;
+                failures += 1;
+            }
+        }
+    }
+}
+
+/// `download`, for the HTTP-phase benchmark.
+pub async fn download_for_bench(
+    http: &reqwest::Client,
+    url: &str,
+    cut: bool,
+    r: &mut NodeResult,
+) -> Result<u64, String> {
+    download(http, url, cut, r).await
+}
+
+struct Agent<'a> {
+    http: &'a reqwest::Client,
+    server: String,
+    token: String,
+    boot: String,
+    mac: String,
+}
+
+impl Agent<'_> {
+    /// POSTs to /api/v1/agent/`route` until a definite answer, as the agent retries
+    /// (5xx and 429 back off from 1 s to 30 s); Ok only for 200.
+    async fn post(
+        &self,
+        route: &str,
+        mut body: Value,
+        r: &mut NodeResult,
+    ) -> Result<Value, String> {
+        body["boot_id"] = Value::String(self.boot.clone());
+        body["mac"] = Value::String(self.mac.clone());
+        let url = format!("{}/api/v1/agent/{route}", self.server.trim_end_matches('/'));
+        let mut wait = Duration::from_secs(1);
+        for _ in 0..8 {
+            let sent = self
+                .http
+                .post(&url)
+                .bearer_auth(&self.token)
+                .json(&body)
+                .send()
+                .await;
+            match sent {
+                Ok(resp) if resp.status() == 200 => {
+                    return resp.json().await.map_err(|e| e.to_string());
+                }
+                Ok(resp) if !(resp.status().is_server_error() || resp.status() == 429) => {
+                    let status = resp.status();
+                    let text = resp.text().await.unwrap_or_default();
+                    return Err(format!("{route}: {status}: {text}"));
+                }
+                Ok(_) | Err(_) => {}
+            }
+            r.retry("agent retry", 1);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(30));
+        }
+        Err(format!("{route}: no definite answer after 8 tries"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boot_script_gives_the_kernel_its_arguments_and_each_initrd_once() {
+        let script = "#!ipxe\n:kernel_try1\nkernel http://s/blobs/sha256/aa console=ttyS0 bootfleet.boot=12 && goto kernel_done ||\n\
+            :kernel_try2\nkernel http://s/blobs/sha256/aa console=ttyS0 bootfleet.boot=12 && goto kernel_done ||\n\
+            :initrd1_try1\ninitrd --name initrd.img http://s/blobs/sha256/bb && goto initrd1_done ||\n\
+            :initrd1_try2\ninitrd --name initrd.img http://s/blobs/sha256/bb && goto initrd1_done ||\nboot ||\n";
+        assert_eq!(
+            parse_script(script).unwrap(),
+            ScriptPlan {
+                kernel: "http://s/blobs/sha256/aa".into(),
+                args: "console=ttyS0 bootfleet.boot=12".into(),
+                initrds: vec!["http://s/blobs/sha256/bb".into()],
+            }
+        );
+        assert!(parse_script("#!ipxe\nboot\n").is_err());
+    }
+
+    #[test]
+    fn the_entry_script_chain_gets_the_ipxe_variables_filled_in() {
+        let entry = "#!ipxe\n:fetch\nchain --autofree http://s/boot/node.ipxe?mac=${mac:hexhyp}&uuid=${uuid}&arch=${buildarch}&platform=${platform} || goto failed\n";
+        assert_eq!(
+            chained(entry, [2, 0xbf, 0, 0, 1, 0xff]).unwrap(),
+            "http://s/boot/node.ipxe?mac=02-bf-00-00-01-ff&uuid=&arch=i386&platform=pcbios"
+        );
+        assert_eq!(chained("#!ipxe\nkernel http://x\n", [0; 6]), None);
+    }
+}
