@@ -107,6 +107,23 @@ pub async fn run(
     Ok(())
 }
 
+/// Connections the kernel queues before we accept them (capped by net.core.somaxconn).
+/// A boot storm opens thousands at once; tokio's `bind` asks for 128 here, and every
+/// connection past that costs its node a SYN retransmission (1 s, then 3 s).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A TCP listener on `addr` with `LISTEN_BACKLOG`.
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds and starts the TFTP server when `[tftp] listen` is set; it stops on `shutdown`.
 pub async fn start_tftp(
     cfg: &ServerConfig,

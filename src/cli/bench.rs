@@ -188,27 +188,25 @@ pub async fn run(
                 heartbeat_every,
                 bind_leased,
                 no_agent,
-                tftp: ClientOptions::default(),
-                pxe_attempts: 3,
-                kernel_release: storm::setup::KERNEL_RELEASE.into(),
-                versions: [(
-                    "nvidia-driver".to_string(),
-                    storm::setup::DRIVER.to_string(),
-                )]
-                .into(),
-                gpu_report: storm::gpu_report(),
+                ..storm::node::Behaviour::for_storm_image()
             };
-            let report = storm::run(storm::Storm {
-                nodes,
-                interface,
-                server_port,
-                client_port,
-                ramp,
-                cut_every,
-                deadline,
-                behaviour,
-                measure: measure_pid,
-            })
+            let segment = storm::dhcp::Segment::open(&interface, client_port, server_port)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot open the nodes' DHCP socket on {interface} port {client_port}: {e}"
+                    )
+                })?;
+            let report = storm::run(
+                storm::Storm {
+                    nodes,
+                    ramp,
+                    cut_every,
+                    deadline,
+                    behaviour,
+                    measure: measure_pid,
+                },
+                segment,
+            )
             .await?;
             emit(out, &report, |r| print!("{r}"))
         }

@@ -61,8 +61,7 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
     );
     init_logging(cfg.log_format);
     let state = crate::server::open_state(&cfg).await?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let listener = crate::server::listen(cfg.listen)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     // Handlers first: a SIGTERM that arrives once we say we listen must shut down cleanly.

@@ -78,7 +78,7 @@ pub async fn http_phase(urls: &[String], nodes: usize, cut_every: usize) -> Copy
 /// `connections` loopback TCP connections at once, each carrying `bytes_each` bytes from
 /// memory to a reader that discards them: what the machine can move with no protocol.
 pub async fn loopback_bound(connections: usize, bytes_each: u64) -> std::io::Result<CopyResult> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = crate::server::listen("127.0.0.1:0".parse().expect("an address"))?;
     let addr = listener.local_addr()?;
     let chunk = std::sync::Arc::new(super::setup::noise(1 << 20, 9));
     let sender = tokio::spawn(async move {

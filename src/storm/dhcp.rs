@@ -73,10 +73,17 @@ impl Segment {
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
         s.set_reuse_address(true)?;
         s.set_broadcast(true)?;
-        // A storm's replies arrive in bursts; the default buffer drops them.
-        s.set_recv_buffer_size(16 << 20)?;
         s.bind_device(Some(interface.as_bytes()))?;
         s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, client_port)).into())?;
+        Self::from_socket(s.into(), server_port)
+    }
+
+    /// Uses `socket` (bound to the clients' port, broadcast allowed; made elsewhere, for
+    /// example inside another network namespace) and starts routing replies.
+    pub fn from_socket(socket: std::net::UdpSocket, server_port: u16) -> std::io::Result<Self> {
+        let s = socket2::Socket::from(socket);
+        // A storm's replies arrive in bursts; the default buffer drops them.
+        s.set_recv_buffer_size(16 << 20)?;
         s.set_nonblocking(true)?;
         let socket = Arc::new(UdpSocket::from_std(s.into())?);
         let seg = Self {
@@ -160,14 +167,15 @@ impl Segment {
             };
             return Err(DhcpError::Nak(why));
         }
+        // Both are C strings to firmware: dnsmasq ends option 67 with a NUL, and the
+        // BOOTP field is padded with them; nothing from the first NUL on is the name.
+        let c_string = |bytes: &[u8]| {
+            let name = bytes.split(|&b| b == 0).next().unwrap_or_default();
+            Some(String::from_utf8_lossy(name).into_owned()).filter(|n| !n.is_empty())
+        };
         let file = match ack.opts().get(OptionCode::BootfileName) {
-            Some(DhcpOption::BootfileName(f)) => Some(String::from_utf8_lossy(f).into_owned()),
-            _ => {
-                let f = String::from_utf8_lossy(ack.fname().unwrap_or_default())
-                    .trim_end_matches('\0')
-                    .to_string();
-                (!f.is_empty()).then_some(f)
-            }
+            Some(DhcpOption::BootfileName(f)) => c_string(f),
+            _ => c_string(ack.fname().unwrap_or_default()),
         };
         Ok(Bound {
             ip: ack.yiaddr(),

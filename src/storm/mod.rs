@@ -21,10 +21,6 @@ use report::{Report, ServerCost};
 #[derive(Debug, Clone)]
 pub struct Storm {
     pub nodes: u32,
-    /// Interface the nodes' DHCP broadcasts go out on.
-    pub interface: String,
-    pub server_port: u16,
-    pub client_port: u16,
     /// Power-on is spread evenly over this long (0: all at once).
     pub ramp: Duration,
     /// Every Nth node cuts its kernel download halfway (0: none).
@@ -36,6 +32,24 @@ pub struct Storm {
     pub measure: Vec<u32>,
 }
 
+impl Behaviour {
+    /// Nodes of the storm image (`setup`): its pins, a healthy 8-GPU report, two
+    /// heartbeats a second apart, firmware-like TFTP, three PXE attempts.
+    pub fn for_storm_image() -> Self {
+        Self {
+            heartbeats: 2,
+            heartbeat_every: Duration::from_secs(1),
+            bind_leased: false,
+            no_agent: false,
+            tftp: crate::tftp::client::ClientOptions::default(),
+            pxe_attempts: 3,
+            kernel_release: setup::KERNEL_RELEASE.into(),
+            versions: [("nvidia-driver".to_string(), setup::DRIVER.to_string())].into(),
+            gpu_report: gpu_report(),
+        }
+    }
+}
+
 /// The healthy 8-GPU validation report every simulated node sends.
 pub fn gpu_report() -> serde_json::Value {
     serde_json::from_str(include_str!(
@@ -44,15 +58,8 @@ pub fn gpu_report() -> serde_json::Value {
     .expect("the fixture is JSON")
 }
 
-pub async fn run(storm: Storm) -> anyhow::Result<Report> {
-    let segment = dhcp::Segment::open(&storm.interface, storm.client_port, storm.server_port)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot open the nodes' DHCP socket on {} port {}: {e}",
-                storm.interface,
-                storm.client_port
-            )
-        })?;
+/// Runs `storm` with its nodes' DHCP on `segment`; returns the report.
+pub async fn run(storm: Storm, segment: dhcp::Segment) -> anyhow::Result<Report> {
     let cpu_before: Vec<f64> = storm
         .measure
         .iter()

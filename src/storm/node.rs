@@ -225,7 +225,7 @@ async fn run(
         "kernel_release": b.kernel_release,
         "cmdline": plan.args,
         "versions": b.versions,
-        "modules": [],
+        "modules": {},
     });
     agent
         .post("attest", json!({ "report": report }), r)
@@ -259,7 +259,7 @@ async fn run(
             "kernel_release": b.kernel_release,
             "cmdline": plan.args,
             "versions": b.versions,
-            "modules": [],
+            "modules": {},
             "gpus": uuids,
         });
         let answer = agent

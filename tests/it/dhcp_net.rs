@@ -47,7 +47,7 @@ fn require(tools: &[(&str, &str)]) {
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// A bridge (our server's segment, 10.77.N.1/24) and namespaces attached to it.
-struct Lab {
+pub(crate) struct Lab {
     n: u32,
     bridge: String,
     namespaces: Vec<String>,
@@ -55,7 +55,7 @@ struct Lab {
 }
 
 impl Lab {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let n = (std::process::id() % 40) * 6 + NEXT.fetch_add(1, Ordering::Relaxed) % 6 + 1;
         let bridge = format!("bfb{n}");
         sh(&format!(
@@ -69,12 +69,12 @@ impl Lab {
         }
     }
 
-    fn ip(&self, host: u8) -> Ipv4Addr {
+    pub(crate) fn ip(&self, host: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 77, self.n as u8, host)
     }
 
     /// A namespace with `eth0` on the bridge (and `address`, when given).
-    fn host(&mut self, role: &str, address: Option<u8>) -> String {
+    pub(crate) fn host(&mut self, role: &str, address: Option<u8>) -> String {
         let ns = format!("bf{}{role}", self.n);
         let veth = format!("bfv{}{}", self.n, &role[..1]);
         sh(&format!(
@@ -101,7 +101,7 @@ impl Lab {
         self.children.push(child);
     }
 
-    fn settings(&self, mode: Mode) -> bootfleet::config::DhcpFileConfig {
+    pub(crate) fn settings(&self, mode: Mode) -> bootfleet::config::DhcpFileConfig {
         bootfleet::config::DhcpFileConfig {
             mode: Some(mode),
             interface: Some(self.bridge.clone()),
@@ -134,7 +134,7 @@ impl Drop for Lab {
 }
 
 /// A UDP socket on port 68 inside `ns`, bound to its eth0, broadcast allowed.
-fn client_socket(ns: &str) -> UdpSocket {
+pub(crate) fn client_socket(ns: &str) -> UdpSocket {
     let path = format!("/run/netns/{ns}");
     std::thread::spawn(move || {
         // setns changes only this thread; the socket keeps the namespace it was made in.

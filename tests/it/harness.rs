@@ -41,7 +41,7 @@ impl TestServer {
         configure(&mut cfg);
         let state = bootfleet::server::open_state(&cfg).await.unwrap();
         let token = state.token.secret().to_string();
-        let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
+        let listener = bootfleet::server::listen(cfg.listen).unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         bootfleet::server::start_dhcp(&cfg, &state, shutdown.clone())

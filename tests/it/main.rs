@@ -13,5 +13,6 @@ mod lifecycle;
 mod nodes;
 mod process;
 mod publish;
+mod storm;
 mod tftp;
 mod tidy;

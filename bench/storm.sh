@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Boot storm: N simulated nodes power on together and boot through the whole protocol
+# (bootfleet bench storm) against bootfleet, then against a reference stack of dnsmasq
+# (DHCP + TFTP) and nginx (HTTP) doing the same work up to the downloads, in the same
+# run; then the HTTP phase alone against both, and its loopback bound.
+#
+# Usage: sudo bench/storm.sh NODES [LOSS_PERCENT=0] [RAMP=10s]
+# Two namespaces joined by a veth pair: bfs-srv (the servers, 10.98.0.1) and bfs-sim (the
+# nodes, 10.98.0.2; the pool 10.98.128.0/17 is routed to it so that each node sends from
+# its own leased address). LOSS_PERCENT drops that share of UDP in both directions in
+# bfs-sim (nftables numgen). Needs nftables, dnsmasq-base, nginx-light, ipxe.
+source "$(dirname "$0")/lib.sh"
+nodes=${1:?usage: bench/storm.sh NODES [LOSS_PERCENT] [RAMP]}
+loss=${2:-0}
+ramp=${3:-10s}
+kernel_mib=${KERNEL_MIB:-1}
+initrd_mib=${INITRD_MIB:-4}
+[ "$(id -u)" = 0 ] || { echo "run as root (namespaces, ports 67 and 69)" >&2; exit 1; }
+for tool in nft dnsmasq nginx; do
+  command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install nftables dnsmasq-base nginx-light" >&2; exit 1; }
+done
+[ -f /usr/lib/ipxe/undionly.kpxe ] || { echo "missing /usr/lib/ipxe/undionly.kpxe: apt-get install ipxe" >&2; exit 1; }
+build_release
+work=$(mktemp -d /var/tmp/bootfleet-storm.XXXXXX)
+SRV=bfs-srv SIM=bfs-sim
+cleanup() {
+  for ns in $SRV $SIM; do ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true; done
+  sleep 0.5
+  ip netns del $SRV 2>/dev/null || true
+  ip netns del $SIM 2>/dev/null || true
+  [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"
+}
+trap cleanup EXIT
+cleanup; work=$(mktemp -d /var/tmp/bootfleet-storm.XXXXXX)
+ip netns add $SRV
+ip netns add $SIM
+ip -n $SRV link set lo up
+ip -n $SIM link set lo up
+ip link add bfs0 netns $SRV type veth peer name bfs1 netns $SIM
+ip -n $SRV addr add 10.98.0.1/16 dev bfs0
+ip -n $SIM addr add 10.98.0.2/16 dev bfs1
+ip -n $SRV link set bfs0 up
+ip -n $SIM link set bfs1 up
+# The pool is the nodes' own: one route (and one ARP entry) on the server's side.
+ip -n $SRV route add 10.98.128.0/17 via 10.98.0.2
+ip -n $SIM route add local 10.98.128.0/17 dev lo
+if [ "$loss" != 0 ]; then
+  ip netns exec $SIM nft -f - <<NFT
+table inet storm {
+  chain in { type filter hook input priority 0; meta l4proto udp numgen random mod 100 < $loss drop; }
+  chain out { type filter hook output priority 0; meta l4proto udp numgen random mod 100 < $loss drop; }
+}
+NFT
+fi
+sim() { ip netns exec $SIM "$BIN" "$@"; }
+srv() { ip netns exec $SRV "$@"; }
+
+# --- bootfleet -------------------------------------------------------------------------
+cat >"$work/bootfleet.toml" <<TOML
+listen = "10.98.0.1:8080"
+[tftp]
+listen = "10.98.0.1:69"
+ipxe_dir = "/usr/lib/ipxe"
+max_transfers = 20000
+[dhcp]
+mode = "authoritative"
+interface = "bfs0"
+server_ip = "10.98.0.1"
+subnet_mask = "255.255.0.0"
+[dhcp.pool]
+start = "10.98.128.1"
+end = "10.98.255.250"
+lease_secs = 3600
+TOML
+ulimit -n "$(ulimit -Hn)"
+srv "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >"$work/server.log" 2>&1 &
+for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+BF_PID=$(srv pgrep -f "bootfleet --data-dir $work/data serve")
+export BOOTFLEET_SERVER=http://10.98.0.1:8080 BOOTFLEET_TOKEN
+BOOTFLEET_TOKEN=$(cat "$work/data/admin.token")
+mapfile -t urls < <(srv "$BIN" bench storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
+  --initrd-mib "$initrd_mib" --reference-dir "$work/www")
+machine
+echo "nodes $nodes, UDP loss ${loss}%, power-on spread over $ramp, kernel ${kernel_mib} MiB + initrd ${initrd_mib} MiB, every 10th kernel download cut and resumed"
+echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kernel, initrd -> attest -> validate (8 GPUs) -> 2 heartbeats"
+sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
+  --output json >"$work/bf.json"
+python3 - "$work/bf.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"completed {r['completed']}/{r['nodes']} in {r['wall_secs']:.1f} s; server cpu {r['server']['cpu_secs']:.1f} s, peak rss {r['server']['peak_rss_mib']:.1f} MiB")
+for p, v in r['phases'].items():
+    print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
+for k, v in r['failures'].items(): print(f"  failed: {v} x {k}")
+for k, v in r['retries'].items(): print(f"  retries: {k} {v}")
+PY
+kill "$BF_PID"; wait "$BF_PID" 2>/dev/null || true
+
+# --- reference: dnsmasq (DHCP + TFTP) and nginx, the same bytes --------------------------
+cat >"$work/www/boot.ipxe" <<IPXE
+#!ipxe
+kernel http://10.98.0.1:8081/vmlinuz initrd=initrd.img console=ttyS0 quiet
+initrd http://10.98.0.1:8081/initrd.img
+boot
+IPXE
+cat >"$work/nginx.conf" <<NGINX
+user root;
+worker_processes 1;
+worker_rlimit_nofile 65536;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx.err;
+events { worker_connections 30000; }
+http { access_log off; sendfile on; keepalive_requests 1000; server { listen 10.98.0.1:8081 backlog=8192; root $work/www; } }
+NGINX
+srv nginx -c "$work/nginx.conf" &
+srv dnsmasq --keep-in-foreground --port=0 --interface=bfs0 --bind-interfaces \
+  --dhcp-range=10.98.128.1,10.98.255.250,255.255.0.0,1h --dhcp-lease-max=40000 \
+  --dhcp-leasefile="$work/dnsmasq.leases" --no-ping --enable-tftp --tftp-root=/usr/lib/ipxe \
+  --tftp-max=20000 --dhcp-userclass=set:ipxe,iPXE \
+  "--dhcp-boot=tag:ipxe,http://10.98.0.1:8081/boot.ipxe" "--dhcp-boot=tag:!ipxe,undionly.kpxe" \
+  2>"$work/dnsmasq.log" &
+sleep 1
+REF_PIDS=$(srv pgrep -d, -f "dnsmasq --keep-in-foreground|nginx -c $work/nginx.conf|nginx: worker")
+echo "== dnsmasq + nginx: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> script -> kernel, initrd (no agent API)"
+# Without --bind-leased: dnsmasq 2.90 answered every TFTP request from a pool address routed
+# to the simulator with "unsupported request"; here all nodes send from 10.98.0.2.
+sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent \
+  --measure-pid "$REF_PIDS" --output json >"$work/ref.json"
+python3 - "$work/ref.json" "$work/bf.json" <<'PY'
+import json, sys
+ref, bf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"completed {ref['completed']}/{ref['nodes']} in {ref['wall_secs']:.1f} s; server cpu {ref['server']['cpu_secs']:.1f} s, peak rss {ref['server']['peak_rss_mib']:.1f} MiB")
+for p, v in ref['phases'].items():
+    print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
+for k, v in ref['failures'].items(): print(f"  failed: {v} x {k}")
+for k, v in ref['retries'].items(): print(f"  retries: {k} {v}")
+print("dnsmasq / bootfleet (higher: bootfleet faster; goal >= 2 for DHCP and TFTP):")
+for p in ['dhcp-pxe', 'tftp', 'dhcp-ipxe']:
+    if p in ref['phases'] and p in bf['phases']:
+        a, b = ref['phases'][p], bf['phases'][p]
+        print(f"  {p:<10} p50 {a['p50_ms']/b['p50_ms']:6.2f}x  p99 {a['p99_ms']/b['p99_ms']:6.2f}x")
+PY
+srv pkill -f "dnsmasq --keep-in-foreground" || true
+
+# --- the HTTP phase alone, and its bound (inside bfs-srv: to a local address, over loopback)
+srv "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >>"$work/server.log" 2>&1 &
+for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+bytes=$(( $(stat -c %s "$work/www/vmlinuz") + $(stat -c %s "$work/www/initrd.img") ))
+echo "== HTTP phase alone: $nodes clients at once, each on its own connection, kernel + initrd ($bytes bytes), every 10th cut and resumed"
+srv "$BIN" bench http --nodes "$nodes" --url "${urls[0]}" --url "${urls[1]}" --output json >"$work/http-bf.json"
+srv "$BIN" bench http --nodes "$nodes" --url http://10.98.0.1:8081/vmlinuz --url http://10.98.0.1:8081/initrd.img --output json >"$work/http-ref.json"
+srv "$BIN" bench bound --connections "$nodes" --bytes "$bytes" --output json >"$work/bound.json"
+python3 - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+bf, ref, bound = (json.load(open(f"{w}/{n}.json")) for n in ("http-bf", "http-ref", "bound"))
+for name, r in (("bootfleet", bf), ("nginx", ref), ("loopback bound", bound)):
+    print(f"  {name:<15} {r['gib_per_sec']:6.2f} GiB/s  ({r['wall_secs']:.2f} s, {r['failures']} failed)")
+print(f"bootfleet time / bound time: {bf['wall_secs']/bound['wall_secs']:.2f} (goal <= 1.2); nginx: {ref['wall_secs']/bound['wall_secs']:.2f}")
+PY
