@@ -53,6 +53,19 @@ table inet storm {
 NFT
 fi
 sim() { ip netns exec $SIM "$BIN" "$@"; }
+# summary REPORT.json: the storm's figures, one phase a line.
+summary() {
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = r.get('server') or {}
+print(f"completed {r['completed']}/{r['nodes']} in {r['wall_secs']:.1f} s; server cpu {s.get('cpu_secs', 0):.1f} s, peak rss {s.get('peak_rss_mib', 0):.1f} MiB")
+for p, v in r['phases'].items():
+    print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
+for k, v in r['failures'].items(): print(f"  failed: {v} x {k}")
+for k, v in r['retries'].items(): print(f"  retries: {k} {v}")
+PY
+}
 srv() { ip netns exec $SRV "$@"; }
 
 # --- bootfleet -------------------------------------------------------------------------
@@ -85,15 +98,11 @@ echo "nodes $nodes, UDP loss ${loss}%, power-on spread over $ramp, kernel ${kern
 echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kernel, initrd -> attest -> validate (8 GPUs) -> 2 heartbeats"
 sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
   --output json >"$work/bf.json"
-python3 - "$work/bf.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"completed {r['completed']}/{r['nodes']} in {r['wall_secs']:.1f} s; server cpu {r['server']['cpu_secs']:.1f} s, peak rss {r['server']['peak_rss_mib']:.1f} MiB")
-for p, v in r['phases'].items():
-    print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
-for k, v in r['failures'].items(): print(f"  failed: {v} x {k}")
-for k, v in r['retries'].items(): print(f"  retries: {k} {v}")
-PY
+summary "$work/bf.json"
+echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DHCP (iPXE) -> scripts -> kernel, initrd"
+sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent --measure-pid "$BF_PID" \
+  --output json >"$work/bf-noagent.json"
+summary "$work/bf-noagent.json"
 kill "$BF_PID"; wait "$BF_PID" 2>/dev/null || true
 
 # --- reference: dnsmasq (DHCP + TFTP) and nginx, the same bytes --------------------------
@@ -127,16 +136,12 @@ echo "== dnsmasq + nginx: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> script ->
 # to the simulator with "unsupported request"; here all nodes send from 10.98.0.2.
 sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent \
   --measure-pid "$REF_PIDS" --output json >"$work/ref.json"
-python3 - "$work/ref.json" "$work/bf.json" <<'PY'
+summary "$work/ref.json"
+python3 - "$work/ref.json" "$work/bf-noagent.json" <<'PY'
 import json, sys
 ref, bf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print(f"completed {ref['completed']}/{ref['nodes']} in {ref['wall_secs']:.1f} s; server cpu {ref['server']['cpu_secs']:.1f} s, peak rss {ref['server']['peak_rss_mib']:.1f} MiB")
-for p, v in ref['phases'].items():
-    print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
-for k, v in ref['failures'].items(): print(f"  failed: {v} x {k}")
-for k, v in ref['retries'].items(): print(f"  retries: {k} {v}")
-print("dnsmasq / bootfleet (higher: bootfleet faster; goal >= 2 for DHCP and TFTP):")
-for p in ['dhcp-pxe', 'tftp', 'dhcp-ipxe']:
+print("dnsmasq+nginx latency / bootfleet latency, same work (higher: bootfleet faster; goal >= 2 for DHCP and TFTP):")
+for p in ['dhcp-pxe', 'tftp', 'dhcp-ipxe', 'script', 'kernel', 'initrd', 'ready']:
     if p in ref['phases'] and p in bf['phases']:
         a, b = ref['phases'][p], bf['phases'][p]
         print(f"  {p:<10} p50 {a['p50_ms']/b['p50_ms']:6.2f}x  p99 {a['p99_ms']/b['p99_ms']:6.2f}x")

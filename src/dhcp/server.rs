@@ -21,6 +21,13 @@ use crate::node::state::NodeState;
 use crate::store::Store;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// Datagrams handled at once per socket.
+const IN_FLIGHT: usize = 256;
+
+/// The socket's receive buffer (capped by net.core.rmem_max): a power-on burst of
+/// thousands of DISCOVERs must wait in it, not be dropped.
+const RECV_BUFFER: usize = 8 << 20;
 pub const CLIENT_PORT: u16 = 68;
 pub const SERVER_PORT: u16 = 67;
 
@@ -45,6 +52,7 @@ pub fn bind(addr: SocketAddrV4, interface: Option<&str>) -> std::io::Result<UdpS
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     socket.set_broadcast(true)?;
+    socket.set_recv_buffer_size(RECV_BUFFER)?;
     if let Some(dev) = interface {
         socket.bind_device(Some(dev.as_bytes()))?;
     }
@@ -177,8 +185,13 @@ impl DhcpServer {
         SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, self.client_port))
     }
 
-    /// Serves `socket` (on `port`'s role) until `stop`.
+    /// Serves `socket` (on `port`'s role) until `stop`. Datagrams are handled
+    /// concurrently, up to `IN_FLIGHT` at once: each may wait on a node lookup, and one
+    /// at a time a power-on burst overflows the socket buffer, costing every dropped
+    /// node the firmware's 4 s back-off.
     pub async fn serve(self: Arc<Self>, socket: UdpSocket, port: Port, stop: CancellationToken) {
+        let socket = Arc::new(socket);
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         let mut buf = vec![0u8; MAX_PACKET + 1];
         loop {
             let (n, from) = tokio::select! {
@@ -191,12 +204,19 @@ impl DhcpServer {
                 },
                 () = stop.cancelled() => return,
             };
-            if let Some((reply, to)) = self.handle(&buf[..n], from, port).await
-                && let Err(e) = socket.send_to(&reply, to).await
-            {
-                self.metrics.count("send-error");
-                tracing::warn!(%to, error = %e, "cannot send a DHCP reply");
-            }
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let (server, socket, datagram) = (self.clone(), socket.clone(), buf[..n].to_vec());
+            tokio::spawn(async move {
+                if let Some((reply, to)) = server.handle(&datagram, from, port).await
+                    && let Err(e) = socket.send_to(&reply, to).await
+                {
+                    server.metrics.count("send-error");
+                    tracing::warn!(%to, error = %e, "cannot send a DHCP reply");
+                }
+                drop(permit);
+            });
         }
     }
 

@@ -40,7 +40,13 @@ pub struct Bound {
     pub file: Option<String>,
     /// Transmissions that went unanswered.
     pub retransmits: u32,
+    /// NAKs that sent the node back to DISCOVER.
+    pub naks: u32,
 }
+
+/// How many NAKs a node takes before it gives up: RFC 2131 3.1 sends a NAKed client
+/// back to INIT, and firmware does so a few times before it reports a boot failure.
+const NAK_RESTARTS: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DhcpError {
@@ -126,7 +132,14 @@ impl Segment {
         let xid: u32 = rand::random();
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.waiters.lock().expect("not poisoned").insert(xid, tx);
-        let result = self.exchange(mac, asker, xid, &mut rx).await;
+        let mut naks = 0;
+        let result = loop {
+            match self.exchange(mac, asker, xid, &mut rx).await {
+                Err(DhcpError::Nak(_)) if naks < NAK_RESTARTS => naks += 1,
+                Ok(bound) => break Ok(Bound { naks, ..bound }),
+                Err(e) => break Err(e),
+            }
+        };
         self.waiters.lock().expect("not poisoned").remove(&xid);
         result
     }
@@ -183,6 +196,7 @@ impl Segment {
             next_server: ack.siaddr(),
             file,
             retransmits,
+            naks: 0,
         })
     }
 

@@ -122,6 +122,7 @@ async fn run(
             .map_err(|e| Failed(Phase::DhcpPxe, e.to_string()))?;
         r.phases.push((Phase::DhcpPxe, t.elapsed()));
         r.retry("dhcp retransmit", bound.retransmits);
+        r.retry("dhcp nak", bound.naks);
         let file = bound
             .file
             .clone()
@@ -155,6 +156,7 @@ async fn run(
         .map_err(|e| Failed(Phase::DhcpIpxe, e.to_string()))?;
     r.phases.push((Phase::DhcpIpxe, t.elapsed()));
     r.retry("dhcp retransmit", bound.retransmits);
+    r.retry("dhcp nak", bound.naks);
     let url = bound
         .file
         .filter(|f| f.starts_with("http://"))
