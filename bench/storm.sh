@@ -59,7 +59,7 @@ summary() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = r.get('server') or {}
-print(f"completed {r['completed']}/{r['nodes']} in {r['wall_secs']:.1f} s; server cpu {s.get('cpu_secs', 0):.1f} s, peak rss {s.get('peak_rss_mib', 0):.1f} MiB")
+print(f"completed {r['completed']}/{r['nodes']} in {r['wall_secs']:.1f} s; server cpu {s.get('cpu_secs', 0):.1f} s, peak rss {s.get('peak_rss_mib', 0):.1f} MiB (with mapped blob pages), peak anonymous {s.get('peak_anon_mib', 0):.1f} MiB")
 for p, v in r['phases'].items():
     print(f"  {p:<11} p50 {v['p50_ms']:9.1f} ms  p90 {v['p90_ms']:9.1f}  p99 {v['p99_ms']:9.1f}  max {v['max_ms']:9.1f}")
 for k, v in r['failures'].items(): print(f"  failed: {v} x {k}")

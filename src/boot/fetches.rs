@@ -1,8 +1,9 @@
 //! Attributes blob downloads to the boot that made them. Blob URLs in a boot script carry
 //! `?boot=<id>`; the blob route wraps its body in `Tracked`, which reports, when the body
 //! is done or dropped, how many bytes went out and whether the last one did. Records go
-//! through a bounded queue to one writer task, so a download never waits on the database;
-//! `flush` lets attestation read what was recorded before it judges.
+//! through a bounded queue to one writer task, so a download never waits on the database,
+//! and are written in batches, one transaction each; `flush` lets attestation read what
+//! was recorded before it judges.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +21,10 @@ use crate::store::boots::Fetch;
 /// Records waiting for the writer; past this, records are dropped and counted (a flood of
 /// downloads with made-up boot ids must not grow memory).
 const QUEUE: usize = 8192;
+
+/// Records written per transaction at most: whatever queued while the last one
+/// committed goes in the next, so the write rate follows the load.
+const BATCH: usize = 1024;
 
 enum Message {
     Record(String, Fetch),
@@ -42,16 +47,25 @@ impl FetchRecorder {
     pub fn start(store: Store) -> Self {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         tokio::spawn(async move {
-            while let Some(msg) = rx.recv().await {
-                match msg {
-                    Message::Record(boot, fetch) => {
-                        if let Err(e) = store.record_fetch(&boot, &fetch).await {
-                            tracing::warn!(boot, error = %e, "cannot record a blob fetch");
-                        }
+            let mut batch = Vec::with_capacity(BATCH);
+            while rx.recv_many(&mut batch, BATCH).await > 0 {
+                // Every record queued before a flush in this batch is written below,
+                // before that flush is answered.
+                let mut records = Vec::with_capacity(batch.len());
+                let mut flushes = Vec::new();
+                for msg in batch.drain(..) {
+                    match msg {
+                        Message::Record(boot, fetch) => records.push((boot, fetch)),
+                        Message::Flush(done) => flushes.push(done),
                     }
-                    Message::Flush(done) => {
-                        let _ = done.send(());
-                    }
+                }
+                if !records.is_empty()
+                    && let Err(e) = store.record_fetches(&records).await
+                {
+                    tracing::warn!(records = records.len(), error = %e, "cannot record blob fetches");
+                }
+                for done in flushes {
+                    let _ = done.send(());
                 }
             }
         });

@@ -58,6 +58,23 @@ pub fn gpu_report() -> serde_json::Value {
     .expect("the fixture is JSON")
 }
 
+/// The highest summed RssAnon of `pids`, sampled every 50 ms until `stop`: /proc keeps
+/// no peak of it (VmHWM is the peak of all resident pages, mapped files included).
+async fn sample_peak_anon(pids: Vec<u32>, stop: tokio_util::sync::CancellationToken) -> f64 {
+    let mut peak: f64 = 0.0;
+    loop {
+        let now: f64 = pids
+            .iter()
+            .filter_map(|&p| procstat::anon_rss_mib(p).ok())
+            .sum();
+        peak = peak.max(now);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = stop.cancelled() => return peak,
+        }
+    }
+}
+
 /// Runs `storm` with its nodes' DHCP on `segment`; returns the report.
 pub async fn run(storm: Storm, segment: dhcp::Segment) -> anyhow::Result<Report> {
     let cpu_before: Vec<f64> = storm
@@ -65,6 +82,11 @@ pub async fn run(storm: Storm, segment: dhcp::Segment) -> anyhow::Result<Report>
         .iter()
         .map(|&p| procstat::cpu_secs(p))
         .collect::<std::io::Result<_>>()?;
+    let stop_sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = tokio::spawn(sample_peak_anon(
+        storm.measure.clone(),
+        stop_sampling.clone(),
+    ));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let behaviour = std::sync::Arc::new(storm.behaviour.clone());
@@ -92,10 +114,15 @@ pub async fn run(storm: Storm, segment: dhcp::Segment) -> anyhow::Result<Report>
         results.push(r?);
     }
     let wall = started.elapsed();
+    stop_sampling.cancel();
+    let peak_anon_mib = sampler.await?;
     let server = if storm.measure.is_empty() {
         None
     } else {
-        let mut cost = ServerCost::default();
+        let mut cost = ServerCost {
+            peak_anon_mib,
+            ..Default::default()
+        };
         for (&pid, before) in storm.measure.iter().zip(cpu_before) {
             cost.cpu_secs += procstat::cpu_secs(pid)? - before;
             cost.peak_rss_mib += procstat::peak_rss_mib(pid)?;

@@ -1,5 +1,5 @@
 //! CPU time and peak resident memory of other processes (the server under test), from
-//! /proc: utime + stime in clock ticks, and VmHWM.
+//! /proc: utime + stime in clock ticks, VmHWM, and RssAnon.
 
 /// Linux's USER_HZ, what /proc/<pid>/stat counts in on every architecture we run on.
 const TICKS_PER_SEC: f64 = 100.0;
@@ -25,13 +25,23 @@ pub fn cpu_secs(pid: u32) -> std::io::Result<f64> {
 
 /// Peak resident set of `pid` in MiB (VmHWM).
 pub fn peak_rss_mib(pid: u32) -> std::io::Result<f64> {
+    status_mib(pid, "VmHWM")
+}
+
+/// Anonymous resident memory of `pid` now, in MiB (RssAnon): without the page-cache
+/// pages it maps.
+pub fn anon_rss_mib(pid: u32) -> std::io::Result<f64> {
+    status_mib(pid, "RssAnon")
+}
+
+fn status_mib(pid: u32, field: &str) -> std::io::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kib| kib / 1024.0)
-        .ok_or_else(|| std::io::Error::other("no VmHWM"))
+        .ok_or_else(|| std::io::Error::other(format!("no {field} in /proc/{pid}/status")))
 }
 
 #[cfg(test)]
@@ -45,6 +55,8 @@ mod tests {
         while spin.elapsed() < std::time::Duration::from_millis(50) {}
         assert!(cpu_secs(me).unwrap() > 0.0);
         assert!(peak_rss_mib(me).unwrap() > 1.0);
+        let anon = anon_rss_mib(me).unwrap();
+        assert!(anon > 0.0 && anon <= peak_rss_mib(me).unwrap());
         assert!(cpu_secs(u32::MAX).is_err());
     }
 }

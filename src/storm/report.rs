@@ -40,7 +40,13 @@ pub fn percentiles(samples: &mut [Duration]) -> Option<Percentiles> {
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ServerCost {
     pub cpu_secs: f64,
+    /// VmHWM over the process's life: it counts each mapping of a page-cache page, so
+    /// blob windows mapped by many downloads at once weigh here as often as they are
+    /// mapped, though they are one copy in memory.
     pub peak_rss_mib: f64,
+    /// The highest anonymous resident memory (RssAnon: heap, stacks, buffers) sampled
+    /// during the storm: the memory the server itself holds.
+    pub peak_anon_mib: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -159,8 +165,8 @@ impl std::fmt::Display for Report {
         if let Some(s) = &self.server {
             writeln!(
                 f,
-                "server: cpu {:.2} s, peak rss {:.1} MiB",
-                s.cpu_secs, s.peak_rss_mib
+                "server: cpu {:.2} s, peak rss {:.1} MiB, peak anonymous {:.1} MiB",
+                s.cpu_secs, s.peak_rss_mib, s.peak_anon_mib
             )?;
         }
         Ok(())

@@ -79,7 +79,12 @@ async fn a_small_storm_boots_every_node_to_ready_through_the_whole_protocol() {
     );
     let bytes_each = (0.25 * 1048576.0) as u64 + (0.5 * 1048576.0) as u64;
     assert_eq!(report.http_bytes, u64::from(nodes) * bytes_each, "{report}");
-    assert!(report.server.as_ref().is_some_and(|s| s.peak_rss_mib > 0.0));
+    assert!(
+        report
+            .server
+            .as_ref()
+            .is_some_and(|s| s.peak_rss_mib > 0.0 && s.peak_anon_mib > 0.0)
+    );
 
     // The server agrees: every node ready, its boot attested and validated.
     let (_, list) = server.json("/api/v1/nodes").await;
