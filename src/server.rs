@@ -63,6 +63,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         stopping: CancellationToken::new(),
         webhooks,
         ipxe_files: std::sync::Arc::new(FileSource::new(Some(cfg.ipxe_dir.clone()), None)),
+        blob_maps: Default::default(),
     })
 }
 

@@ -68,8 +68,9 @@ impl DhcpServer {
             return NodeView::default();
         }
         let mac = Mac::from(req.chaddr);
-        // A read first: known nodes (nearly every packet) take no write lock.
-        let known = match self.store.node(&mac).await {
+        // From memory first: known nodes (nearly every packet) touch neither the pool nor
+        // the write lock.
+        let known = match self.store.node_for_dhcp(&mac).await {
             Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
             _ => self
                 .store

@@ -30,14 +30,21 @@ pub async fn get_blob(
 ) -> Result<Response, ApiError> {
     let digest = Digest::from_hex(&hex_digits).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let path = state.registry.blobs.path_of(&digest);
+    let maps = state.blob_maps.clone();
     let opened = tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
-        Ok::<_, std::io::Error>((file, len))
+        // An empty file cannot be mapped, and has nothing to send.
+        let mapped = if len > 0 {
+            Some(maps.map(&digest, &file, len)?)
+        } else {
+            None
+        };
+        Ok::<_, std::io::Error>((mapped, len))
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let (file, len) = match opened {
+    let (mapped, len) = match opened {
         Ok(v) => v,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(ApiError::NotFound(format!("no blob {digest}")));
@@ -80,23 +87,24 @@ pub async fn get_blob(
                 .expect("valid response"));
         }
     };
-    let body = if method == Method::HEAD || count == 0 {
-        Body::empty()
-    } else {
-        let chunks = Box::pin(file_chunks(file, start, count));
-        match query
-            .boot
-            .filter(|b| crate::boot::fetches::plausible_boot_id(b))
-        {
-            Some(boot) => Body::from_stream(state.boot.fetches.track(
-                boot,
-                digest,
-                status == StatusCode::OK,
-                count,
-                chunks,
-            )),
-            None => Body::from_stream(chunks),
+    let body = match mapped {
+        Some(mapped) if method != Method::HEAD && count > 0 => {
+            let chunks = Box::pin(file_chunks(mapped, start, count));
+            match query
+                .boot
+                .filter(|b| crate::boot::fetches::plausible_boot_id(b))
+            {
+                Some(boot) => Body::from_stream(state.boot.fetches.track(
+                    boot,
+                    digest,
+                    status == StatusCode::OK,
+                    count,
+                    chunks,
+                )),
+                None => Body::from_stream(chunks),
+            }
         }
+        _ => Body::empty(),
     };
     Ok(response
         .status(status)
@@ -106,49 +114,30 @@ pub async fn get_blob(
         .expect("valid response"))
 }
 
-/// Streams `count` bytes from `start` as 1 MiB memory-mapped windows, each unmapped as
-/// soon as the socket has taken it. Why mmap: `read` + `write` copies every byte twice
-/// (page cache -> buffer -> socket); a mapped window is copied once, as nginx's sendfile
-/// does, and hyper cannot sendfile. Windows are mapped (and populated) on the blocking
-/// pool, since a page-cache miss is disk I/O; resident memory stays a few windows per
-/// download, whatever the blob's size.
+/// Streams `count` bytes from `start` of a blob's shared mapping in 1 MiB windows, each
+/// read in on the blocking pool (a page-cache miss is disk I/O) just before it is sent.
+/// Why a mapping: `read` + `write` copies every byte twice (page cache -> buffer ->
+/// socket); a mapped window is copied once, as nginx's sendfile does, and hyper cannot
+/// sendfile. Resident memory is the page cache's, shared by every download of the blob.
 fn file_chunks(
-    file: std::fs::File,
+    mapped: crate::http::blob_maps::Mapped,
     start: u64,
     count: u64,
 ) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
-    let file = std::sync::Arc::new(file);
     futures_util::stream::try_unfold(
-        (file, start, count),
-        |(file, offset, remaining)| async move {
+        (mapped, start, count),
+        |(mapped, offset, remaining)| async move {
             if remaining == 0 {
                 return Ok(None);
             }
             let want = remaining.min(CHUNK);
-            let f = file.clone();
-            let chunk = tokio::task::spawn_blocking(move || map_window(&f, offset, want))
-                .await
-                .map_err(std::io::Error::other)??;
+            let m = mapped.clone();
+            let chunk =
+                tokio::task::spawn_blocking(move || m.window(offset as usize, want as usize))
+                    .await
+                    .map_err(std::io::Error::other)?;
             let n = chunk.len() as u64;
-            Ok(Some((chunk, (file, offset + n, remaining - n))))
+            Ok(Some((chunk, (mapped, offset + n, remaining - n))))
         },
     )
-}
-
-const PAGE: u64 = 4096;
-
-fn map_window(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<Bytes> {
-    let aligned = offset - offset % PAGE;
-    let skip = (offset - aligned) as usize;
-    // SAFETY: blobs are immutable once visible: they are only ever renamed (quarantine)
-    // or unlinked (gc), both of which leave a mapping valid. Nothing in bootfleet writes
-    // or truncates a visible blob, which is what could make a mapping fault.
-    let map = unsafe {
-        memmap2::MmapOptions::new()
-            .offset(aligned)
-            .len(skip + len as usize)
-            .populate()
-            .map(file)?
-    };
-    Ok(Bytes::from_owner(map).slice(skip..))
 }

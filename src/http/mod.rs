@@ -2,6 +2,7 @@
 //! no SQL and no filesystem decisions here beyond streaming a blob.
 
 mod auth;
+pub mod blob_maps;
 mod blobs;
 mod error;
 mod events;
@@ -39,6 +40,8 @@ pub struct AppState {
     /// Cancelled when the server starts shutting down: ends event streams, which would
     /// otherwise hold graceful shutdown open forever.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Blobs being served, each mapped once for all its downloads.
+    pub blob_maps: std::sync::Arc<blob_maps::BlobMaps>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -4,6 +4,7 @@
 pub mod boots;
 pub mod events;
 pub mod leases;
+pub mod node_cache;
 pub mod nodes;
 
 use std::collections::HashSet;
@@ -36,6 +37,8 @@ pub struct Store {
     pool: SqlitePool,
     /// Bumped after every commit that wrote events (see `events`).
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
+    node_cache: std::sync::Arc<node_cache::NodeCache>,
 }
 
 /// An image as listed and shown.
@@ -138,6 +141,7 @@ impl Store {
         Ok(Self {
             pool,
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+            node_cache: Default::default(),
         })
     }
 

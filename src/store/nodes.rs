@@ -151,6 +151,20 @@ impl Store {
         row.map(node_from_row).transpose()
     }
 
+    /// `node`, from memory when no write to it committed since it was last read: the
+    /// DHCP server's lookup, one per packet, which must not queue behind writers.
+    pub async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        if let Some(node) = self.node_cache.get(mac) {
+            return Ok(Some(node));
+        }
+        let epoch = self.node_cache.epoch();
+        let node = self.node(mac).await?;
+        if let Some(node) = &node {
+            self.node_cache.fill(epoch, node);
+        }
+        Ok(node)
+    }
+
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
             .fetch_all(&self.pool)
@@ -193,6 +207,7 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        self.node_cache.invalidate(mac);
         if inserted {
             self.notify_events();
         }
@@ -212,6 +227,7 @@ impl Store {
             .bind(mac.to_string())
             .execute(&self.pool)
             .await?;
+        self.node_cache.invalidate(mac);
         self.node(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
@@ -247,6 +263,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        self.node_cache.invalidate(mac);
         self.node(mac).await
     }
 
@@ -290,6 +307,7 @@ impl Store {
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;
+        self.node_cache.invalidate(mac);
         self.notify_events();
         let node = self
             .node(mac)
@@ -467,6 +485,7 @@ impl Store {
             .await?;
         insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
         tx.commit().await?;
+        self.node_cache.invalidate(mac);
         self.notify_events();
         let node = self
             .node(mac)

@@ -221,6 +221,47 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
     store.close().await;
 }
 
+/// DHCP reads nodes from memory; every kind of write to a node is seen by the next read.
+#[tokio::test]
+async fn the_dhcp_node_cache_sees_every_write() {
+    use bootfleet::node::state::NodeState;
+    use bootfleet::store::nodes::CasOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let store = bootfleet::store::Store::open(&dir.path().join("db"))
+        .await
+        .unwrap();
+    let mac = MAC.parse().unwrap();
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap(), None);
+    store.discover(&mac, None, "test").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.assigned, None);
+    store.assign(&mac, "demo:stable").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.assigned.as_deref(), Some("demo:stable"));
+    let set = [("boot".to_string(), "local".to_string())].into();
+    store.label(&mac, &set, &[]).await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.labels.get("boot").map(String::as_str), Some("local"));
+    let outcome = store
+        .set_state(
+            &mac,
+            seen.version,
+            seen.state,
+            NodeState::Quarantined,
+            "test",
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CasOutcome::Done(_)), "{outcome:?}");
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.state, NodeState::Quarantined);
+    store.discover(&mac, Some("uuid-2"), "test").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.uuid.as_deref(), Some("uuid-2"));
+    store.close().await;
+}
+
 /// The agent's attestation: bound to its boot, used once, judged against the manifest.
 #[tokio::test]
 async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
