@@ -16,4 +16,5 @@ pub mod server;
 pub mod store;
 pub mod storm;
 pub mod tftp;
+pub mod udp_buffer;
 pub mod webhook;

@@ -137,6 +137,7 @@ pub async fn start_tftp(
     let socket = tokio::net::UdpSocket::bind(addr)
         .await
         .with_context(|| format!("cannot listen for TFTP on {addr}"))?;
+    crate::udp_buffer::grow(&socket, crate::udp_buffer::BURST)?;
     if !cfg.ipxe_dir.is_dir() {
         tracing::warn!(dir = %cfg.ipxe_dir.display(), "iPXE directory missing: only blobs are served over TFTP (apt-get install ipxe)");
     }
@@ -193,6 +194,12 @@ pub async fn start_dhcp(
         router: d.router,
         dns: d.dns.clone(),
     };
+    match state.registry.store.warm_node_cache().await {
+        Ok(n) => tracing::info!(nodes = n, "DHCP node cache warmed"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot warm the DHCP node cache; nodes are read as they ask")
+        }
+    }
     let server = std::sync::Arc::new(DhcpServer {
         settings,
         leases,

@@ -25,9 +25,6 @@ const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// Datagrams handled at once per socket.
 const IN_FLIGHT: usize = 256;
 
-/// The socket's receive buffer (capped by net.core.rmem_max): a power-on burst of
-/// thousands of DISCOVERs must wait in it, not be dropped.
-const RECV_BUFFER: usize = 8 << 20;
 pub const CLIENT_PORT: u16 = 68;
 pub const SERVER_PORT: u16 = 67;
 
@@ -52,7 +49,7 @@ pub fn bind(addr: SocketAddrV4, interface: Option<&str>) -> std::io::Result<UdpS
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     socket.set_broadcast(true)?;
-    socket.set_recv_buffer_size(RECV_BUFFER)?;
+    crate::udp_buffer::grow(&socket, crate::udp_buffer::BURST)?;
     if let Some(dev) = interface {
         socket.bind_device(Some(dev.as_bytes()))?;
     }

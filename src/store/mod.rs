@@ -35,6 +35,7 @@ pub enum StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
+    read_pool: SqlitePool,
     /// Bumped after every commit that wrote events (see `events`).
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
@@ -138,8 +139,20 @@ impl Store {
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
+        // Readers that never wait for a connection held by a writer queued on the write
+        // lock (WAL lets them read alongside it); for the DHCP path.
+        let read_pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(path)
+                    .read_only(true)
+                    .busy_timeout(Duration::from_secs(10)),
+            )
+            .await?;
         Ok(Self {
             pool,
+            read_pool,
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             node_cache: Default::default(),
         })
@@ -155,6 +168,7 @@ impl Store {
     }
 
     pub async fn close(&self) {
+        self.read_pool.close().await;
         self.pool.close().await;
     }
 

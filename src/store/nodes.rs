@@ -153,10 +153,41 @@ impl Store {
 
     /// `node`, from memory when no write to it committed since it was last read: the
     /// DHCP server's lookup, one per packet, which must not queue behind writers.
+    /// A miss reads on the read-only pool, which writers never hold.
     pub async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         if let Some(node) = self.node_cache.get(mac) {
             return Ok(Some(node));
         }
+        let epoch = self.node_cache.epoch();
+        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+            .bind(mac.to_string())
+            .fetch_optional(&self.read_pool)
+            .await?;
+        let node = row.map(node_from_row).transpose()?;
+        if let Some(node) = &node {
+            self.node_cache.fill(epoch, node);
+        }
+        Ok(node)
+    }
+
+    /// Reads every node into the DHCP cache (at DHCP start: the first packets of a
+    /// power-on then find their nodes in memory). Returns how many.
+    pub async fn warm_node_cache(&self) -> Result<usize, StoreError> {
+        let epoch = self.node_cache.epoch();
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
+            .fetch_all(&self.read_pool)
+            .await?;
+        let n = rows.len();
+        for row in rows {
+            self.node_cache.fill(epoch, &node_from_row(row)?);
+        }
+        Ok(n)
+    }
+
+    /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held:
+    /// the cache stays warm through a storm's state changes.
+    async fn node_after_write(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        self.node_cache.invalidate(mac);
         let epoch = self.node_cache.epoch();
         let node = self.node(mac).await?;
         if let Some(node) = &node {
@@ -207,12 +238,11 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        self.node_cache.invalidate(mac);
         if inserted {
             self.notify_events();
         }
         let node = self
-            .node(mac)
+            .node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok((node, inserted))
@@ -227,8 +257,7 @@ impl Store {
             .bind(mac.to_string())
             .execute(&self.pool)
             .await?;
-        self.node_cache.invalidate(mac);
-        self.node(mac)
+        self.node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
     }
@@ -263,8 +292,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        self.node_cache.invalidate(mac);
-        self.node(mac).await
+        self.node_after_write(mac).await
     }
 
     /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
@@ -307,10 +335,9 @@ impl Store {
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;
-        self.node_cache.invalidate(mac);
         self.notify_events();
         let node = self
-            .node(mac)
+            .node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(CasOutcome::Done(Box::new(node)))
@@ -485,10 +512,9 @@ impl Store {
             .await?;
         insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
         tx.commit().await?;
-        self.node_cache.invalidate(mac);
         self.notify_events();
         let node = self
-            .node(mac)
+            .node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(ReimageOutcome::Accepted(node))
