@@ -19,8 +19,10 @@ use crate::store::Store;
 use crate::store::boots::Fetch;
 
 /// Records waiting for the writer; past this, records are dropped and counted (a flood of
-/// downloads with made-up boot ids must not grow memory).
-const QUEUE: usize = 8192;
+/// downloads with made-up boot ids must not grow memory). A dropped record fails its
+/// boot's attestation, so this holds a storm's worth: 10,000 nodes' 2-3 downloads each
+/// overflowed 8,192 while the writer waited on the write lock (about 10 MiB when full).
+const QUEUE: usize = 65_536;
 
 /// Records written per transaction at most: whatever queued while the last one
 /// committed goes in the next, so the write rate follows the load.

@@ -156,6 +156,8 @@ impl Store {
 
     /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
     pub async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
             .bind(now_ms())
             .bind(verdict_json)
@@ -180,6 +182,8 @@ impl Store {
 
     /// Asks for revalidation; false when the node is unknown.
     pub async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")
             .bind(mac.to_string())
             .execute(&self.pool)
@@ -190,6 +194,8 @@ impl Store {
 
     /// Clears a pending revalidation request; true if there was one (answered once).
     pub async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         let n = sqlx::query(
             "UPDATE nodes SET revalidate_requested = 0 WHERE mac = ? AND revalidate_requested = 1",
         )

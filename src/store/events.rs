@@ -68,6 +68,7 @@ impl Store {
         mac: Option<&Mac>,
         data: &serde_json::Value,
     ) -> Result<(), StoreError> {
+        let _gate = self.write_gate().await;
         let mut conn = self.pool.acquire().await?;
         insert_event(&mut conn, kind, mac, data, now_ms()).await?;
         self.notify_events();
@@ -118,6 +119,8 @@ impl Store {
     }
 
     pub async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         sqlx::query(
             "INSERT INTO webhook_cursors (url, seq) VALUES (?, ?)
              ON CONFLICT (url) DO UPDATE SET seq = excluded.seq",

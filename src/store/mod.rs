@@ -36,6 +36,8 @@ pub enum StoreError {
 pub struct Store {
     pool: SqlitePool,
     read_pool: SqlitePool,
+    /// Every write in this process queues here (see `write_gate`).
+    write_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// Bumped after every commit that wrote events (see `events`).
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
@@ -123,6 +125,31 @@ fn parse_digest(s: &str) -> Result<Digest, StoreError> {
     Digest::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// A write transaction holding its turn at the write gate until it ends.
+pub(crate) struct WriteTx {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    _gate: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl WriteTx {
+    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
 impl Store {
     /// Opens (creating) `path`, in WAL mode, and applies the embedded migrations.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
@@ -153,6 +180,7 @@ impl Store {
         Ok(Self {
             pool,
             read_pool,
+            write_gate: Default::default(),
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             node_cache: Default::default(),
         })
@@ -160,11 +188,19 @@ impl Store {
 
     /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred
     /// transaction that reads and then writes fails with SQLITE_BUSY, without waiting,
-    /// when another writer committed in between.
-    pub(crate) async fn write_tx(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    /// when another writer committed in between. Writers queue on `write_gate` first.
+    pub(crate) async fn write_tx(&self) -> Result<WriteTx, StoreError> {
+        let gate = self.write_gate().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTx { tx, _gate: gate })
+    }
+
+    /// Our turn to write. SQLite's own wait for its write lock is a sleep of 1 to 100 ms
+    /// between tries, during which the lock often sits free: with a few writers at once
+    /// (a boot storm's boot records, attestations, validations) most of the time went to
+    /// those sleeps. Queued here, writers take the lock one after another, in order.
+    pub(crate) async fn write_gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.write_gate.clone().lock_owned().await
     }
 
     pub async fn close(&self) {

@@ -251,6 +251,8 @@ impl Store {
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
     pub async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         sqlx::query("UPDATE nodes SET assigned_ref = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
             .bind(reference)
             .bind(now_ms())
@@ -408,6 +410,8 @@ impl Store {
         verdict_json: &str,
         report_json: &str,
     ) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
             .bind(now_ms())
             .bind(verdict_json)
@@ -539,6 +543,8 @@ impl Store {
         mac: &Mac,
         response: &str,
     ) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         sqlx::query("INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
             .bind(key)
             .bind(mac.to_string())
@@ -550,6 +556,8 @@ impl Store {
     }
 
     pub async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
         sqlx::query("UPDATE nodes SET last_heartbeat_ms = ? WHERE mac = ?")
             .bind(now_ms())
             .bind(mac.to_string())

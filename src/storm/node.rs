@@ -229,10 +229,23 @@ async fn run(
         "versions": b.versions,
         "modules": {},
     });
-    agent
+    let verdict = agent
         .post("attest", json!({ "report": report }), r)
         .await
         .map_err(|e| Failed(Phase::Attest, e))?;
+    if verdict["passed"] != Value::Bool(true) {
+        // The cause is the mismatched fields (their values name the node's blobs).
+        let fields: Vec<&str> = verdict["mismatches"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["field"].as_str())
+            .collect();
+        return Err(Failed(
+            Phase::Attest,
+            format!("refused: {}", fields.join(", ")),
+        ));
+    }
     r.phases.push((Phase::Attest, t.elapsed()));
 
     let t = Instant::now();
