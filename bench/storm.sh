@@ -7,8 +7,8 @@
 # Usage: sudo bench/storm.sh NODES [LOSS_PERCENT=0] [RAMP=10s]
 # Two namespaces joined by a veth pair: bfs-srv (the servers, 10.98.0.1) and bfs-sim (the
 # nodes, 10.98.0.2; the pool 10.98.128.0/17 is routed to it so that each node sends from
-# its own leased address). LOSS_PERCENT drops that share of UDP in both directions in
-# bfs-sim (nftables numgen). Needs nftables, dnsmasq-base, nginx-light, ipxe.
+# its own leased address). LOSS_PERCENT drops that share of UDP in both directions
+# (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
 source "$(dirname "$0")/lib.sh"
 nodes=${1:?usage: bench/storm.sh NODES [LOSS_PERCENT] [RAMP]}
 loss=${2:-0}
@@ -45,12 +45,15 @@ ip -n $SIM link set bfs1 up
 ip -n $SRV route add 10.98.128.0/17 via 10.98.0.2
 ip -n $SIM route add local 10.98.128.0/17 dev lo
 if [ "$loss" != 0 ]; then
-  ip netns exec $SIM nft -f - <<NFT
+  # Dropped where each side receives: a drop on an output hook would fail the sender's
+  # sendto with EPERM, which real loss never does.
+  for ns in $SIM $SRV; do
+    ip netns exec $ns nft -f - <<NFT
 table inet storm {
   chain in { type filter hook input priority 0; meta l4proto udp numgen random mod 100 < $loss drop; }
-  chain out { type filter hook output priority 0; meta l4proto udp numgen random mod 100 < $loss drop; }
 }
 NFT
+  done
 fi
 sim() { ip netns exec $SIM "$BIN" "$@"; }
 # summary REPORT.json: the storm's figures, one phase a line.

@@ -272,6 +272,17 @@ impl TftpServer {
                 send_error(&socket, ErrorCode::FileNotFound, &m).await;
                 return Outcome::Refused(m);
             }
+            // Out of file descriptors (a storm's thousands of transfers and downloads):
+            // no error packet, which firmware takes as fatal; its RRQ retransmit comes
+            // back when a transfer has ended.
+            Err(e)
+                if [nix::errno::Errno::EMFILE, nix::errno::Errno::ENFILE]
+                    .map(|n| Some(n as i32))
+                    .contains(&e.raw_os_error()) =>
+            {
+                self.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
+                return Outcome::Failed(format!("{name}: {e}; left for the client to retry"));
+            }
             Err(e) => {
                 let m = format!("{name}: {e}");
                 send_error(&socket, ErrorCode::NotDefined, &m).await;
