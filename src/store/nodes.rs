@@ -142,32 +142,27 @@ async fn insert_history(
     .await
 }
 
+async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+    let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+        .bind(mac.to_string())
+        .fetch_optional(pool)
+        .await?;
+    row.map(node_from_row).transpose()
+}
+
 impl Store {
     pub async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
-        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
-            .bind(mac.to_string())
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(node_from_row).transpose()
+        node_on(&self.pool, mac).await
     }
 
     /// `node`, from memory when no write to it committed since it was last read: the
     /// DHCP server's lookup, one per packet, which must not queue behind writers.
     /// A miss reads on the read-only pool, which writers never hold.
     pub async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
-        if let Some(node) = self.node_cache.get(mac) {
-            return Ok(Some(node));
+        match self.node_cache.get(mac) {
+            Some(node) => Ok(Some(node)),
+            None => self.read_into_cache(&self.read_pool, mac).await,
         }
-        let epoch = self.node_cache.epoch();
-        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
-            .bind(mac.to_string())
-            .fetch_optional(&self.read_pool)
-            .await?;
-        let node = row.map(node_from_row).transpose()?;
-        if let Some(node) = &node {
-            self.node_cache.fill(epoch, node);
-        }
-        Ok(node)
     }
 
     /// Reads every node into the DHCP cache (at DHCP start: the first packets of a
@@ -188,8 +183,17 @@ impl Store {
     /// the cache stays warm through a storm's state changes.
     async fn node_after_write(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         self.node_cache.invalidate(mac);
+        self.read_into_cache(&self.pool, mac).await
+    }
+
+    /// Reads `mac` on `pool` and keeps it in the DHCP cache unless a write raced the read.
+    async fn read_into_cache(
+        &self,
+        pool: &sqlx::SqlitePool,
+        mac: &Mac,
+    ) -> Result<Option<NodeRecord>, StoreError> {
         let epoch = self.node_cache.epoch();
-        let node = self.node(mac).await?;
+        let node = node_on(pool, mac).await?;
         if let Some(node) = &node {
             self.node_cache.fill(epoch, node);
         }

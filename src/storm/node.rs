@@ -103,6 +103,25 @@ pub async fn boot(segment: &Segment, b: &Behaviour, mac: [u8; 6], cut: bool) -> 
     r
 }
 
+/// One DORA as `asker`, timed as `phase`, its retransmits and NAKs counted.
+async fn dhcp(
+    segment: &Segment,
+    mac: [u8; 6],
+    asker: Asker,
+    phase: Phase,
+    r: &mut NodeResult,
+) -> Result<super::dhcp::Bound, Failed> {
+    let t = Instant::now();
+    let bound = segment
+        .dora(mac, asker)
+        .await
+        .map_err(|e| Failed(phase, e.to_string()))?;
+    r.phases.push((phase, t.elapsed()));
+    r.retry("dhcp retransmit", bound.retransmits);
+    r.retry("dhcp nak", bound.naks);
+    Ok(bound)
+}
+
 async fn run(
     segment: &Segment,
     b: &Behaviour,
@@ -115,14 +134,7 @@ async fn run(
     let mut attempt = 0;
     let leased = loop {
         attempt += 1;
-        let t = Instant::now();
-        let bound = segment
-            .dora(mac, Asker::Pxe)
-            .await
-            .map_err(|e| Failed(Phase::DhcpPxe, e.to_string()))?;
-        r.phases.push((Phase::DhcpPxe, t.elapsed()));
-        r.retry("dhcp retransmit", bound.retransmits);
-        r.retry("dhcp nak", bound.naks);
+        let bound = dhcp(segment, mac, Asker::Pxe, Phase::DhcpPxe, r).await?;
         let file = bound
             .file
             .clone()
@@ -149,14 +161,7 @@ async fn run(
     };
 
     // iPXE: DHCP again, now as iPXE, for the script URL.
-    let t = Instant::now();
-    let bound = segment
-        .dora(mac, Asker::Ipxe)
-        .await
-        .map_err(|e| Failed(Phase::DhcpIpxe, e.to_string()))?;
-    r.phases.push((Phase::DhcpIpxe, t.elapsed()));
-    r.retry("dhcp retransmit", bound.retransmits);
-    r.retry("dhcp nak", bound.naks);
+    let bound = dhcp(segment, mac, Asker::Ipxe, Phase::DhcpIpxe, r).await?;
     let url = bound
         .file
         .filter(|f| f.starts_with("http://"))
