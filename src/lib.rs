@@ -1,13 +1,13 @@
 //! bootfleet: network-boot, stateless provisioning for bare-metal GPU clusters.
 //! See ARCHITECTURE.md for the codemap and the invariants each module keeps.
 
-pub mod agent;
+pub use bootfleet_api as api;
+
 pub mod auth;
 pub mod boot;
 pub mod cli;
 pub mod config;
 pub mod dhcp;
-pub mod digest;
 pub mod http;
 pub mod image;
 pub mod node;

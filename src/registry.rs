@@ -4,14 +4,14 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::RwLock;
 
-use crate::digest::Digest;
-use crate::image::blobstore::{BlobStore, VerifyReport};
+use crate::api::Digest;
+use crate::api::image::{GcReport, Image, PublishOutcome, TagMove, TagResult, VerifyReport};
+use crate::api::refs::{ImageRef, TagName};
+use crate::image::blobstore::BlobStore;
 use crate::image::bundle::{self, BundleError, BundleLimits};
-use crate::image::refs::{ImageRef, TagName};
-use crate::store::{ImageRecord, InsertOutcome, NewImage, Store, StoreError, TagMove, TagOutcome};
+use crate::store::{InsertOutcome, NewImage, Store, StoreError, TagOutcome};
 
 #[derive(Clone)]
 pub struct Registry {
@@ -37,40 +37,6 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     #[error("blob storage error: {0}")]
     Io(#[from] std::io::Error),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PublishOutcome {
-    pub digest: Digest,
-    pub name: String,
-    pub version: String,
-    /// False when the same content was already published (a no-op).
-    pub created: bool,
-    pub bytes: u64,
-    pub tag: Option<TagResult>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TagResult {
-    pub tag: String,
-    pub digest: Digest,
-    pub from: Option<Digest>,
-    pub changed: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct FullVerifyReport {
-    #[serde(flatten)]
-    pub blobs: VerifyReport,
-    /// Blobs an image needs that the store does not have (or that were quarantined).
-    pub missing: Vec<Digest>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct GcReport {
-    pub removed: Vec<Digest>,
-    pub bytes_freed: u64,
-    pub kept: usize,
 }
 
 impl Registry {
@@ -165,7 +131,7 @@ impl Registry {
             .ok_or_else(|| RegistryError::NotFound(format!("no image {r}")))
     }
 
-    pub async fn show(&self, r: &ImageRef) -> Result<(ImageRecord, String), RegistryError> {
+    pub async fn show(&self, r: &ImageRef) -> Result<(Image, String), RegistryError> {
         let digest = self.resolve(r).await?;
         let not_found = || RegistryError::NotFound(format!("no image {r}"));
         let record = self.store.image(&digest).await?.ok_or_else(not_found)?;
@@ -216,7 +182,7 @@ impl Registry {
         Ok(history)
     }
 
-    pub async fn verify(&self) -> Result<FullVerifyReport, RegistryError> {
+    pub async fn verify(&self) -> Result<VerifyReport, RegistryError> {
         let _shared = self.gc_lock.read().await;
         let blobs = self.blobs.clone();
         let report = tokio::task::spawn_blocking(move || blobs.verify())
@@ -231,8 +197,10 @@ impl Registry {
             .filter(|d| !present.contains(d))
             .collect();
         missing.sort();
-        Ok(FullVerifyReport {
-            blobs: report,
+        Ok(VerifyReport {
+            checked: report.checked,
+            bytes: report.bytes,
+            quarantined: report.quarantined,
             missing,
         })
     }

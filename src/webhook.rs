@@ -17,8 +17,8 @@ use serde::Deserialize;
 use sha2::Sha256;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::event::Event;
 use crate::store::Store;
-use crate::store::events::Event;
 
 pub const SIGNATURE_HEADER: &str = "x-bootfleet-signature";
 /// Events per request.
@@ -182,7 +182,8 @@ async fn deliver_next(
     let Some(last) = events.last().map(|e| e.seq) else {
         return Ok(false);
     };
-    let body = serde_json::to_vec(&serde_json::json!({ "events": events })).expect("serialises");
+    let body =
+        serde_json::to_vec(&crate::api::event::WebhookDelivery { events }).expect("serialises");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -1,12 +1,12 @@
-//! `bootfleet-agent`: runs on a booted node (see `bootfleet::agent`).
+//! `bootfleet-agent`: runs on a booted node (see the `bootfleet-agent` crate).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bootfleet::agent::boot_params;
-use bootfleet::agent::gpu::{GpuSource, Nvml, Recorded};
-use bootfleet::agent::run::{Agent, Outcome};
+use bootfleet_agent::boot_params;
+use bootfleet_agent::gpu::{GpuSource, Nvml, Recorded};
+use bootfleet_agent::run::{Agent, Outcome};
 use clap::Parser;
 
 #[derive(Debug, Parser)]

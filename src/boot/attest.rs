@@ -2,28 +2,20 @@
 //! time, newest boot only, once, within its lifetime), the report must be for the node
 //! that booted; then the pure judgement, the stored verdict and the state change.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::service::{BootError, BootService};
-use crate::digest::Digest;
+use crate::api::Digest;
 
-use crate::image::manifest::Role;
-use crate::node::attest::{AttestReport, Expected, Received, Verdict, judge};
-use crate::node::mac::Mac;
+use crate::api::Mac;
+use crate::api::agent::{AttestRequest, Verdict};
+use crate::api::image::Role;
+use crate::node::attest::{Expected, Received, judge};
 use crate::node::state::NodeEvent;
 
 /// How long a boot token may be used to attest.
 pub const TOKEN_LIFETIME_MS: i64 = 24 * 3600 * 1000;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AttestRequest {
-    pub boot_id: String,
-    pub mac: Mac,
-    pub report: AttestReport,
-}
 
 /// Why an agent call was refused before any judgement. Each is logged as a security
 /// event and recorded in the event log.
@@ -85,12 +77,15 @@ impl BootService {
         tracing::warn!(security = true, route, boot = %boot_id, %mac, %refusal, "agent report refused");
         // The boot id is the caller's claim: keep it short in the log.
         let boot: String = boot_id.chars().take(64).collect();
-        let data =
-            serde_json::json!({ "route": route, "boot": boot, "reason": refusal.to_string() });
+        let data = crate::api::event::ReportRefusedData {
+            route: route.into(),
+            boot,
+            reason: refusal.to_string(),
+        };
         if let Err(e) = self
             .registry
             .store
-            .record_event(crate::store::events::kind::REPORT_REFUSED, Some(mac), &data)
+            .record_event(crate::api::event::kind::REPORT_REFUSED, Some(mac), &data)
             .await
         {
             tracing::warn!(error = %e, "cannot record a refused report");

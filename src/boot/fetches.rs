@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::digest::Digest;
+use crate::api::Digest;
 use crate::store::Store;
 use crate::store::boots::Fetch;
 

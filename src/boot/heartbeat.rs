@@ -1,56 +1,24 @@
 //! The agent's heartbeat: proof of life, facts compared with what the boot attested and
 //! validated (drift), and the answer that carries the node's next action.
 
-use serde::{Deserialize, Serialize};
-
 use super::attest::{AttestError, Refusal};
 use super::service::{BootError, BootService};
-use crate::node::drift::{Baseline, Difference, NodeFacts, compare};
-use crate::node::mac::Mac;
+use crate::api::NodeState;
+use crate::api::agent::{AttestReport, Difference, HeartbeatAnswer, HeartbeatRequest, NextAction};
+use crate::node::drift::{Baseline, compare};
 use crate::node::policy::DriftAction;
 use crate::node::reimage::ReimageError;
-use crate::node::state::{NodeEvent, NodeState};
+use crate::node::state::NodeEvent;
 use crate::store::boots::BootFacts;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
-    pub boot_id: String,
-    pub mac: Mac,
-    /// What the node runs now; compared with the attested baseline when the node is ready.
-    #[serde(default)]
-    pub facts: Option<NodeFacts>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NextAction {
-    None,
-    /// Run the validation again and post it (asked by an admin, or after a silence).
-    Revalidate,
-    /// Reboot now: a reimage was requested (on a stateless node, a reboot is a reimage).
-    Reboot,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct HeartbeatAnswer {
-    pub action: NextAction,
-    /// What differs from the attested baseline, when anything does.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub drift: Vec<Difference>,
-}
-
-impl HeartbeatAnswer {
-    fn new(action: NextAction, drift: Vec<Difference>) -> Self {
-        Self { action, drift }
-    }
+fn answer(action: NextAction, drift: Vec<Difference>) -> HeartbeatAnswer {
+    HeartbeatAnswer { action, drift }
 }
 
 /// The baseline a boot's facts are compared with: its attestation report, and the GPUs
 /// its validation saw.
 pub fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
-    let report: crate::node::attest::AttestReport =
-        serde_json::from_value(boot.report.clone()?).ok()?;
+    let report: AttestReport = serde_json::from_value(boot.report.clone()?).ok()?;
     let gpus = boot
         .validation
         .as_ref()
@@ -87,7 +55,7 @@ impl BootService {
         let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
         let mac = &req.mac;
         match node.state {
-            NodeState::Reimaging => return Ok(HeartbeatAnswer::new(NextAction::Reboot, vec![])),
+            NodeState::Reimaging => return Ok(answer(NextAction::Reboot, vec![])),
             NodeState::Unreachable => {
                 // Back after a silence: what held then may not hold now (a GPU fell off the
                 // bus while we could not hear). Validate again before calling it ready.
@@ -99,7 +67,7 @@ impl BootService {
                     .apply(mac, NodeEvent::ValidationStarted, &reason)
                     .await
                     .map_err(BootError::from)?;
-                return Ok(HeartbeatAnswer::new(NextAction::Revalidate, vec![]));
+                return Ok(answer(NextAction::Revalidate, vec![]));
             }
             _ => {}
         }
@@ -124,7 +92,7 @@ impl BootService {
             if self.policy.drift_action(&node.labels) == DriftAction::Reimage {
                 let reason = format!("drift policy: {named}");
                 match self.reimage.request(mac, &reason, None, None).await {
-                    Ok(_) => return Ok(HeartbeatAnswer::new(NextAction::Reboot, drift)),
+                    Ok(_) => return Ok(answer(NextAction::Reboot, drift)),
                     // Stays drifted; the next heartbeat asks again, which is the queue.
                     Err(ReimageError::OverBudget(why)) => {
                         tracing::info!(%mac, why, "drifted node waits for the disruption budget")
@@ -132,11 +100,11 @@ impl BootService {
                     Err(e) => tracing::warn!(%mac, error = %e, "drift policy cannot reimage"),
                 }
             }
-            return Ok(HeartbeatAnswer::new(NextAction::None, drift));
+            return Ok(answer(NextAction::None, drift));
         }
         if store.take_revalidate(mac).await? {
-            return Ok(HeartbeatAnswer::new(NextAction::Revalidate, drift));
+            return Ok(answer(NextAction::Revalidate, drift));
         }
-        Ok(HeartbeatAnswer::new(NextAction::None, drift))
+        Ok(answer(NextAction::None, drift))
     }
 }

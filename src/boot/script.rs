@@ -6,7 +6,7 @@ use std::path::Path;
 use minijinja::Environment;
 use serde::Serialize;
 
-use crate::digest::Digest;
+use crate::api::Digest;
 
 /// The templates, by name; `templates/` in the repository, compiled into the binary.
 const BUILTIN: &[(&str, &str)] = &[

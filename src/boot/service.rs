@@ -6,12 +6,14 @@ use std::sync::Arc;
 use sha2::{Digest as _, Sha256};
 
 use super::script::{BootTemplates, ImageBoot, InitrdRef, NodeBoot, TemplateError, blob_url};
-use crate::digest::Digest;
-use crate::image::manifest::{Manifest, Role};
-use crate::image::refs::ImageRef;
+use crate::api::Digest;
+use crate::api::Mac;
+use crate::api::NodeState;
+use crate::api::image::Role;
+use crate::api::refs::ImageRef;
+use crate::image::manifest::Manifest;
 use crate::node::controller::{ControlError, NodeController};
-use crate::node::mac::Mac;
-use crate::node::state::{NodeEvent, NodeState};
+use crate::node::state::NodeEvent;
 use crate::registry::Registry;
 use crate::store::StoreError;
 
@@ -38,7 +40,7 @@ pub struct BootService {
 
 /// What a boot needs of an image, parsed once per digest.
 pub struct CachedImage {
-    pub record: crate::store::ImageRecord,
+    pub record: crate::api::image::Image,
     pub manifest: Manifest,
 }
 

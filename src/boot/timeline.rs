@@ -5,39 +5,14 @@
 //! DHCP and the TFTP boot file are not steps yet: the DHCP server (issue #3) will record
 //! the offer per MAC, and TFTP transfers are known by address, not by MAC.
 
-use serde::{Deserialize, Serialize};
-
 use super::service::{BootError, BootService};
-use crate::digest::Digest;
-use crate::image::canonical::Artifact;
-use crate::image::manifest::Role;
+use crate::api::Mac;
+use crate::api::image::Artifact;
+use crate::api::image::Role;
+use crate::api::node::{Step, Timeline};
 use crate::node::attest::Received;
-use crate::node::mac::Mac;
 use crate::store::boots::BootFacts;
 use crate::store::format_ms;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Step {
-    /// `script`, `kernel`, `initrd <name>`, `attested`, `validated`.
-    pub step: String,
-    /// When the step ended.
-    pub at: String,
-    /// Time from the end of the previous step to the end of this one.
-    pub took_ms: i64,
-    /// `ok`, or what went wrong.
-    pub outcome: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Timeline {
-    pub id: String,
-    pub image: Digest,
-    pub at: String,
-    pub steps: Vec<Step>,
-    /// The first step that did not happen or did not pass; None for a boot that reached
-    /// ready.
-    pub stopped_at: Option<String>,
-}
 
 /// The timeline of `boot`, whose image has `artifacts`.
 pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
@@ -145,6 +120,7 @@ impl BootService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Digest;
     use crate::store::boots::Fetch;
 
     fn artifacts() -> Vec<Artifact> {

@@ -1,22 +1,14 @@
 //! The agent's validation report: judged against the image's `[validation]` section; the
 //! node becomes ready only if every check passes, else validation-failed with reasons.
 
-use serde::{Deserialize, Serialize};
-
 use super::attest::{AttestError, Refusal};
 use super::service::{BootError, BootService};
+use crate::api::Mac;
+use crate::api::NodeState;
+use crate::api::agent::{ValidateRequest, ValidationVerdict};
 use crate::node::controller::ControlError;
-use crate::node::mac::Mac;
-use crate::node::state::{NodeEvent, NodeState};
-use crate::node::validate::{Expectations, ValidationReport, ValidationVerdict, judge};
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ValidateRequest {
-    pub boot_id: String,
-    pub mac: Mac,
-    pub report: ValidationReport,
-}
+use crate::node::state::NodeEvent;
+use crate::node::validate::{Expectations, judge};
 
 impl BootService {
     pub async fn validate(

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde::Serialize;
 
 use super::output::{OutputFormat, emit};
-use crate::digest::Digest;
+use crate::api::Digest;
 use crate::tftp::client::{ClientOptions, fetch};
 
 #[derive(Debug, Subcommand)]

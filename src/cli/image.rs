@@ -12,10 +12,10 @@ use reqwest::Method;
 
 use super::client::Client;
 use super::output::{OutputFormat, emit, human_bytes};
-use crate::http::ImageDetail;
-use crate::image::refs::{ImageRef, TagName};
-use crate::registry::{FullVerifyReport, GcReport, PublishOutcome, TagResult};
-use crate::store::{ImageRecord, TagMove};
+use crate::api::image::{
+    GcReport, Image, ImageDetail, PublishOutcome, TagMove, TagRequest, TagResult, VerifyReport,
+};
+use crate::api::refs::{ImageRef, TagName};
 
 #[derive(Debug, Subcommand)]
 pub enum ImageCommand {
@@ -60,7 +60,7 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
             })
         }
         ImageCommand::List => {
-            let images: Vec<ImageRecord> = client
+            let images: Vec<Image> = client
                 .send(client.request(Method::GET, "/api/v1/images"))
                 .await?;
             emit(out, &images, |images| {
@@ -117,7 +117,9 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                 .send(
                     client
                         .request(Method::PUT, &format!("/api/v1/tags/{}/{}", t.name, t.tag))
-                        .json(&serde_json::json!({ "image": r.to_string() })),
+                        .json(&TagRequest {
+                            image: r.to_string(),
+                        }),
                 )
                 .await?;
             emit(out, &result, |r| match (&r.from, r.changed) {
@@ -145,16 +147,12 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
             })
         }
         ImageCommand::Verify => {
-            let report: FullVerifyReport = client
+            let report: VerifyReport = client
                 .send(client.request(Method::POST, "/api/v1/blobs/verify"))
                 .await?;
             emit(out, &report, |r| {
-                println!(
-                    "checked {} blobs ({})",
-                    r.blobs.checked,
-                    human_bytes(r.blobs.bytes)
-                );
-                for d in &r.blobs.quarantined {
+                println!("checked {} blobs ({})", r.checked, human_bytes(r.bytes));
+                for d in &r.quarantined {
                     println!("QUARANTINED {d}: content does not match its digest");
                 }
                 for d in &r.missing {
@@ -162,11 +160,11 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                         "MISSING {d}: needed by an image; publish that image again to restore it"
                     );
                 }
-                if r.blobs.quarantined.is_empty() && r.missing.is_empty() {
+                if r.quarantined.is_empty() && r.missing.is_empty() {
                     println!("all blobs intact");
                 }
             })?;
-            if !report.blobs.quarantined.is_empty() || !report.missing.is_empty() {
+            if !report.quarantined.is_empty() || !report.missing.is_empty() {
                 bail!("verify found damaged or missing blobs");
             }
             Ok(())

@@ -9,10 +9,13 @@ use reqwest::Method;
 
 use super::client::Client;
 use super::output::{OutputFormat, emit};
-use crate::http::NodeDetail;
-use crate::image::refs::ImageRef;
-use crate::node::mac::Mac;
-use crate::store::nodes::NodeRecord;
+use crate::api::Mac;
+use crate::api::event::EventPage;
+use crate::api::node::{
+    AssignRequest, LabelRequest, Node, NodeDetail, ReimageAccepted, ReimageRequest,
+    RevalidateAccepted,
+};
+use crate::api::refs::ImageRef;
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
@@ -61,7 +64,7 @@ fn mac(s: &str) -> anyhow::Result<Mac> {
 pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow::Result<()> {
     match cmd {
         NodeCommand::List => {
-            let nodes: Vec<NodeRecord> = client
+            let nodes: Vec<Node> = client
                 .send(client.request(Method::GET, "/api/v1/nodes"))
                 .await?;
             emit(out, &nodes, |nodes| {
@@ -120,11 +123,13 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
         }
         NodeCommand::Assign { node, reference } => {
             let r = ImageRef::parse(&reference)?;
-            let n: NodeRecord = client
+            let n: Node = client
                 .send(
                     client
                         .request(Method::PUT, &format!("/api/v1/nodes/{}/image", mac(&node)?))
-                        .json(&serde_json::json!({ "image": r.to_string() })),
+                        .json(&AssignRequest {
+                            image: r.to_string(),
+                        }),
                 )
                 .await?;
             emit(out, &n, |n| {
@@ -147,14 +152,14 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                     _ => bail!("label {l:?}: use key=value to set, key- to remove"),
                 }
             }
-            let n: NodeRecord = client
+            let n: Node = client
                 .send(
                     client
                         .request(
                             Method::PATCH,
                             &format!("/api/v1/nodes/{}/labels", mac(&node)?),
                         )
-                        .json(&serde_json::json!({ "set": set, "remove": remove })),
+                        .json(&LabelRequest { set, remove }),
                 )
                 .await?;
             emit(out, &n, |n| {
@@ -177,22 +182,17 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                     Method::POST,
                     &format!("/api/v1/nodes/{}/reimage", mac(&node)?),
                 )
-                .json(&serde_json::json!({ "reason": reason, "image": image }));
+                .json(&ReimageRequest { reason, image });
             if let Some(key) = &idempotency_key {
                 req = req.header("idempotency-key", key);
             }
-            let answer: serde_json::Value = client.send(req).await?;
+            let answer: ReimageAccepted = client.send(req).await?;
             emit(out, &answer, |a| {
-                println!(
-                    "{}: {} ({})",
-                    a["node"]["mac"].as_str().unwrap_or("?"),
-                    a["outcome"].as_str().unwrap_or("?"),
-                    a["node"]["state_reason"].as_str().unwrap_or("")
-                );
+                println!("{}: {} ({})", a.node.mac, a.outcome, a.node.state_reason);
             })
         }
         NodeCommand::Events { node, since } => {
-            let page: serde_json::Value = client
+            let page: EventPage = client
                 .send(client.request(
                     Method::GET,
                     &format!(
@@ -202,36 +202,30 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 ))
                 .await?;
             emit(out, &page, |page| {
-                for e in page["events"].as_array().into_iter().flatten() {
-                    let data = &e["data"];
+                for e in &page.events {
+                    let data = &e.data;
                     let what = match (data["from"].as_str(), data["to"].as_str()) {
                         (from, Some(to)) => format!("{} -> {to}", from.unwrap_or("(new)")),
                         _ => String::new(),
                     };
                     println!(
                         "{:>6}  {}  {:<16} {what}  {}",
-                        e["seq"],
-                        e["at"].as_str().unwrap_or(""),
-                        e["kind"].as_str().unwrap_or(""),
+                        e.seq,
+                        e.at,
+                        e.kind,
                         data["reason"].as_str().unwrap_or("")
                     );
                 }
             })
         }
         NodeCommand::Revalidate { node } => {
-            let answer: serde_json::Value = client
+            let answer: RevalidateAccepted = client
                 .send(client.request(
                     Method::POST,
                     &format!("/api/v1/nodes/{}/revalidate", mac(&node)?),
                 ))
                 .await?;
-            emit(out, &answer, |a| {
-                println!(
-                    "{}: {}",
-                    a["node"].as_str().unwrap_or("?"),
-                    a["outcome"].as_str().unwrap_or("?")
-                )
-            })
+            emit(out, &answer, |a| println!("{}: {}", a.node, a.outcome))
         }
         NodeCommand::History { node } => {
             let d: NodeDetail = client

@@ -59,7 +59,7 @@ pub struct Leases {
 
 /// A MAC in config form (aa:bb:cc:dd:ee:ff or with hyphens).
 pub fn parse_hw(s: &str) -> Option<HwAddr> {
-    let mac: crate::node::mac::Mac = s.parse().ok()?;
+    let mac: crate::api::Mac = s.parse().ok()?;
     Some(mac.octets())
 }
 

@@ -16,8 +16,8 @@ use super::leases::Leases;
 use super::metrics::DhcpMetrics;
 use super::reply::{encode, relay_info};
 use super::wire::{Checked, MAX_PACKET, check};
-use crate::node::mac::Mac;
-use crate::node::state::NodeState;
+use crate::api::Mac;
+use crate::api::NodeState;
 use crate::store::Store;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(500);

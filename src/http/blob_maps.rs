@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 use bytes::Bytes;
 use memmap2::{Advice, Mmap};
 
-use crate::digest::Digest;
+use crate::api::Digest;
 
 #[derive(Debug, Default)]
 pub struct BlobMaps {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::AppState;
 use super::error::ApiError;
 use super::range::{RangeDecision, decide_range, none_match};
-use crate::digest::Digest;
+use crate::api::Digest;
 
 /// Large enough that per-chunk overhead vanishes on multi-GiB rootfs images, small enough
 /// that 16 concurrent downloads stay within a few tens of MiB.

@@ -62,7 +62,9 @@ impl IntoResponse for ApiError {
         }
         let mut response = (
             status,
-            Json(serde_json::json!({ "error": self.to_string() })),
+            Json(crate::api::ErrorBody {
+                error: self.to_string(),
+            }),
         )
             .into_response();
         if status == StatusCode::UNAUTHORIZED {

@@ -11,13 +11,13 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{self, KeepAlive, Sse};
 use futures_util::Stream;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::node::mac::Mac;
+use crate::api::Mac;
+use crate::api::event::{Event, EventPage};
 use crate::registry::RegistryError;
-use crate::store::events::Event;
 
 /// Largest page; also the batch a stream reads at once.
 const MAX_PAGE: i64 = 1000;
@@ -33,17 +33,10 @@ pub struct EventsQuery {
     node: Option<String>,
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct EventPage {
-    pub events: Vec<Event>,
-    /// The cursor for the next page: the last seq returned, or `since` when none was.
-    pub next: i64,
-}
-
 fn node_filter(node: Option<&str>) -> Result<Option<Mac>, ApiError> {
     node.map(|n| {
         n.parse()
-            .map_err(|e: crate::node::mac::MacError| ApiError::BadRequest(e.to_string()))
+            .map_err(|e: crate::api::MacError| ApiError::BadRequest(e.to_string()))
     })
     .transpose()
 }

@@ -6,13 +6,13 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::image::refs::{ImageRef, TagName};
-use crate::store::ImageRecord;
+use crate::api::image::{Image, ImageDetail, TagRequest};
+use crate::api::refs::{ImageRef, TagName};
 
 #[derive(Deserialize)]
 pub struct PublishQuery {
@@ -65,7 +65,7 @@ pub async fn publish(
     Ok((status, Json(outcome)).into_response())
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<ImageRecord>>, ApiError> {
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Image>>, ApiError> {
     Ok(Json(
         state
             .registry
@@ -76,13 +76,6 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<ImageRecord>
     ))
 }
 
-#[derive(Serialize, Deserialize)]
-pub struct ImageDetail {
-    #[serde(flatten)]
-    pub image: ImageRecord,
-    pub manifest: String,
-}
-
 pub async fn show(
     State(state): State<AppState>,
     Path(r): Path<String>,
@@ -90,11 +83,6 @@ pub async fn show(
     let r = ImageRef::parse(&r).map_err(bad_request)?;
     let (image, manifest) = state.registry.show(&r).await?;
     Ok(Json(ImageDetail { image, manifest }))
-}
-
-#[derive(Deserialize)]
-pub struct TagRequest {
-    image: String,
 }
 
 pub async fn put_tag(

@@ -18,8 +18,6 @@ use axum::{Json, Router, middleware};
 use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
-pub use images::ImageDetail;
-pub use nodes::NodeDetail;
 
 use crate::auth::AdminToken;
 use crate::registry::Registry;
@@ -86,15 +84,22 @@ async fn healthz() -> &'static str {
 }
 
 /// Ready when the database answers and the blob directory is there.
-async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<crate::api::Readiness>) {
     let db = state.registry.store.ping().await;
     let blobs = state.registry.blobs.dir().is_dir();
     let ready = db.is_ok() && blobs;
-    let body = serde_json::json!({
-        "ready": ready,
-        "database": db.map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string()),
-        "blobs": if blobs { "ok" } else { "blob directory missing" },
-    });
+    let body = crate::api::Readiness {
+        ready,
+        database: db
+            .map(|_| "ok".to_string())
+            .unwrap_or_else(|e| e.to_string()),
+        blobs: if blobs {
+            "ok"
+        } else {
+            "blob directory missing"
+        }
+        .into(),
+    };
     let status = if ready {
         StatusCode::OK
     } else {

@@ -1,19 +1,19 @@
 //! Boot routes (open: nodes fetch them) and the admin node API.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::image::refs::ImageRef;
-use crate::node::mac::Mac;
+use crate::api::Mac;
+use crate::api::node::{
+    AssignRequest, LabelRequest, Node, NodeDetail, ReimageRequest, RevalidateAccepted,
+};
+use crate::api::refs::ImageRef;
 use crate::registry::RegistryError;
-use crate::store::nodes::{NodeRecord, StateChange};
 
 /// The URL nodes reach us by: the one this request came to.
 fn server_url(headers: &HeaderMap, state: &AppState) -> String {
@@ -66,7 +66,7 @@ pub async fn node_script(
         .as_deref()
         .ok_or_else(|| ApiError::BadRequest("mac is required (?mac=aa-bb-cc-dd-ee-ff)".into()))?
         .parse()
-        .map_err(|e: crate::node::mac::MacError| ApiError::BadRequest(e.to_string()))?;
+        .map_err(|e: crate::api::MacError| ApiError::BadRequest(e.to_string()))?;
     // iPXE sends an empty or all-zero UUID when the firmware has none.
     let uuid = q.uuid.filter(|u| {
         !u.is_empty() && u.len() <= 64 && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')
@@ -81,24 +81,16 @@ pub async fn node_script(
 
 fn parse_mac(s: &str) -> Result<Mac, ApiError> {
     s.parse()
-        .map_err(|e: crate::node::mac::MacError| ApiError::BadRequest(e.to_string()))
+        .map_err(|e: crate::api::MacError| ApiError::BadRequest(e.to_string()))
 }
 
 fn store_err(e: crate::store::StoreError) -> ApiError {
     ApiError::from(RegistryError::from(e))
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<NodeRecord>>, ApiError> {
-    Ok(Json(state.registry.store.nodes().await.map_err(store_err)?))
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct NodeDetail {
-    #[serde(flatten)]
-    pub node: NodeRecord,
-    pub history: Vec<StateChange>,
-    /// The last boots as timelines, newest first.
-    pub boots: Vec<crate::boot::timeline::Timeline>,
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Node>>, ApiError> {
+    let nodes = state.registry.store.nodes().await.map_err(store_err)?;
+    Ok(Json(nodes.into_iter().map(Node::from).collect()))
 }
 
 pub async fn show(
@@ -113,15 +105,10 @@ pub async fn show(
         .map_err(store_err)?
         .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))?;
     Ok(Json(NodeDetail {
-        node,
+        node: node.into(),
         history: store.node_history(&mac).await.map_err(store_err)?,
         boots: state.boot.timelines(&mac, 5).await.map_err(internal)?,
     }))
-}
-
-#[derive(Deserialize)]
-pub struct AssignRequest {
-    image: String,
 }
 
 /// Assigns a REF. It must resolve now (a typo is refused), and is resolved again at each
@@ -130,7 +117,7 @@ pub async fn assign(
     State(state): State<AppState>,
     Path(mac): Path<String>,
     Json(req): Json<AssignRequest>,
-) -> Result<Json<NodeRecord>, ApiError> {
+) -> Result<Json<Node>, ApiError> {
     let mac = parse_mac(&mac)?;
     let reference = ImageRef::parse(&req.image).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     state.registry.resolve(&reference).await?;
@@ -140,16 +127,9 @@ pub async fn assign(
             .store
             .assign(&mac, &reference.to_string())
             .await
-            .map_err(store_err)?,
+            .map_err(store_err)?
+            .into(),
     ))
-}
-
-#[derive(Deserialize)]
-pub struct LabelRequest {
-    #[serde(default)]
-    set: BTreeMap<String, String>,
-    #[serde(default)]
-    remove: Vec<String>,
 }
 
 fn valid_label_key(k: &str) -> bool {
@@ -162,7 +142,7 @@ pub async fn label(
     State(state): State<AppState>,
     Path(mac): Path<String>,
     Json(req): Json<LabelRequest>,
-) -> Result<Json<NodeRecord>, ApiError> {
+) -> Result<Json<Node>, ApiError> {
     let mac = parse_mac(&mac)?;
     for (k, v) in &req.set {
         if !valid_label_key(k) || v.len() > 253 || v.chars().any(char::is_control) {
@@ -177,7 +157,7 @@ pub async fn label(
         .label(&mac, &req.set, &req.remove)
         .await
         .map_err(store_err)?;
-    node.map(Json)
+    node.map(|n| Json(n.into()))
         .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))
 }
 
@@ -186,8 +166,8 @@ pub async fn attest(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Result<Json<crate::node::attest::Verdict>, ApiError> {
-    use crate::boot::attest::AttestRequest;
+) -> Result<Json<crate::api::agent::Verdict>, ApiError> {
+    use crate::api::agent::AttestRequest;
     // The token first: an unauthenticated caller learns nothing, not even parse errors.
     let token = boot_token(&headers)?;
     let req: AttestRequest = serde_json::from_slice(&body)
@@ -225,9 +205,9 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Result<Json<crate::boot::heartbeat::HeartbeatAnswer>, ApiError> {
+) -> Result<Json<crate::api::agent::HeartbeatAnswer>, ApiError> {
     let token = boot_token(&headers)?;
-    let req: crate::boot::heartbeat::HeartbeatRequest = serde_json::from_slice(&body)
+    let req: crate::api::agent::HeartbeatRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("heartbeat: {e}")))?;
     state
         .boot
@@ -235,12 +215,6 @@ pub async fn heartbeat(
         .await
         .map(Json)
         .map_err(agent_error)
-}
-
-#[derive(Deserialize)]
-pub struct ReimageRequest {
-    reason: String,
-    image: Option<String>,
 }
 
 /// `POST /api/v1/nodes/{mac}/reimage`. Over the disruption budget the answer is 429 with
@@ -270,7 +244,9 @@ pub async fn reimage(
         Err(e @ ReimageError::OverBudget(_)) => Ok((
             axum::http::StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "60")],
-            Json(serde_json::json!({ "error": e.to_string() })),
+            Json(crate::api::ErrorBody {
+                error: e.to_string(),
+            }),
         )
             .into_response()),
         Err(e @ ReimageError::BadRequest(_)) => Err(ApiError::BadRequest(e.to_string())),
@@ -298,7 +274,10 @@ pub async fn revalidate(
     }
     Ok((
         axum::http::StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "outcome": "revalidate-requested", "node": mac })),
+        Json(RevalidateAccepted {
+            outcome: "revalidate-requested".into(),
+            node: mac,
+        }),
     )
         .into_response())
 }
@@ -308,9 +287,9 @@ pub async fn validate(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Result<Json<crate::node::validate::ValidationVerdict>, ApiError> {
+) -> Result<Json<crate::api::agent::ValidationVerdict>, ApiError> {
     let token = boot_token(&headers)?;
-    let req: crate::boot::validate::ValidateRequest = serde_json::from_slice(&body)
+    let req: crate::api::agent::ValidateRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("validation report: {e}")))?;
     state
         .boot

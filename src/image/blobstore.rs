@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::digest::Digest;
+use crate::api::Digest;
 
 const TMP_PREFIX: &str = ".tmp-";
 

@@ -11,9 +11,10 @@ use tar::EntryType;
 
 use super::blobstore::{BlobStore, TempBlob};
 use super::bundle_path::normalize_path;
-use super::canonical::{Artifact, canonical_form, image_digest};
+use super::canonical::{canonical_form, image_digest};
 use super::manifest::{Manifest, ManifestError};
-use crate::digest::Digest;
+use crate::api::Digest;
+use crate::api::image::Artifact;
 
 pub const MANIFEST_NAME: &str = "manifest.toml";
 
@@ -251,9 +252,9 @@ impl Collected {
                 .remove(path)
                 .ok_or_else(|| BundleError::MissingArtifact {
                     field: match role {
-                        super::manifest::Role::Kernel => "boot.kernel",
-                        super::manifest::Role::Initrd => "boot.initrds",
-                        super::manifest::Role::Rootfs => "boot.rootfs",
+                        crate::api::image::Role::Kernel => "boot.kernel",
+                        crate::api::image::Role::Initrd => "boot.initrds",
+                        crate::api::image::Role::Rootfs => "boot.rootfs",
                     },
                     path: path.to_string(),
                 })?;

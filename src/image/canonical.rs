@@ -7,21 +7,11 @@
 //! owners, compression and TOML comments or layout do not enter it; any artifact byte,
 //! path, pin, the command line or a validation value does.
 
-use serde::{Deserialize, Serialize};
-
-use super::manifest::{Manifest, Role};
-use crate::digest::Digest;
+use super::manifest::Manifest;
+use crate::api::Digest;
+use crate::api::image::Artifact;
 
 pub const SCHEMA: &str = "bootfleet.image.v1";
-
-/// One stored artifact of an image.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Artifact {
-    pub role: Role,
-    pub path: String,
-    pub digest: Digest,
-    pub size: u64,
-}
 
 /// The canonical bytes. `artifacts` must be in `manifest.artifact_paths()` order.
 pub fn canonical_form(manifest: &Manifest, artifacts: &[Artifact]) -> Vec<u8> {
@@ -59,6 +49,7 @@ fn sorted(v: serde_json::Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::image::Role;
 
     fn manifest(extra: &str) -> Manifest {
         Manifest::parse(&format!(

@@ -2,38 +2,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::bundle_path::normalize_path;
-use super::refs::{check_label, check_name};
-
-/// The boot artifacts' roles; the order here is the canonical order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Kernel,
-    Initrd,
-    Rootfs,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Kernel => "kernel",
-            Role::Initrd => "initrd",
-            Role::Rootfs => "rootfs",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "kernel" => Some(Role::Kernel),
-            "initrd" => Some(Role::Initrd),
-            "rootfs" => Some(Role::Rootfs),
-            _ => None,
-        }
-    }
-}
+use crate::api::image::Role;
+use crate::api::refs::{check_label, check_name};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,4 +6,3 @@ pub mod bundle;
 pub mod bundle_path;
 pub mod canonical;
 pub mod manifest;
-pub mod refs;

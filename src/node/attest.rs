@@ -3,31 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
-use crate::digest::Digest;
-
-/// What the agent reports about the system it booted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AttestReport {
-    /// The image digest the node believes it booted (from its command line or initrd).
-    pub image_digest: Digest,
-    /// `uname -r`.
-    pub kernel_release: String,
-    /// `/proc/cmdline`.
-    pub cmdline: String,
-    /// Versions the node runs, by the manifest's pin names (`nvidia-driver`, `ofed`...).
-    #[serde(default)]
-    pub versions: BTreeMap<String, String>,
-    /// Digests of the artifacts the node verified after download.
-    #[serde(default)]
-    pub artifacts: Vec<Digest>,
-    /// Loaded kernel modules and their versions: not judged here, kept as the baseline
-    /// that drift is measured against.
-    #[serde(default)]
-    pub modules: BTreeMap<String, String>,
-}
+use crate::api::Digest;
+use crate::api::agent::{AttestReport, Mismatch, Verdict};
 
 /// What the boot was given.
 #[derive(Debug, Clone)]
@@ -76,19 +53,6 @@ impl Received {
     pub fn complete(&self, size: u64) -> bool {
         self.whole || self.bytes >= size
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mismatch {
-    pub field: String,
-    pub expected: String,
-    pub found: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub passed: bool,
-    pub mismatches: Vec<Mismatch>,
 }
 
 pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {

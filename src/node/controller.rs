@@ -1,7 +1,7 @@
 //! The one writer of node state: reads the node, asks the pure `transition`, writes with
 //! compare-and-set, and retries from a fresh read when another writer got there first.
 
-use crate::node::mac::Mac;
+use crate::api::Mac;
 use crate::node::state::{NodeEvent, TransitionError, transition};
 use crate::store::nodes::{CasOutcome, NewBoot, NodeRecord};
 use crate::store::{Store, StoreError};

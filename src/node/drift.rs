@@ -4,22 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
-/// What the agent reports with each heartbeat (all optional: an agent may send less).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct NodeFacts {
-    pub kernel_release: Option<String>,
-    pub cmdline: Option<String>,
-    /// Versions by pin name (`nvidia-driver`, `ofed`...).
-    #[serde(default)]
-    pub versions: BTreeMap<String, String>,
-    /// Loaded kernel modules and their versions (`nvidia` -> `550.127.05`).
-    #[serde(default)]
-    pub modules: BTreeMap<String, String>,
-    /// UUIDs of the GPUs visible now; None when not reported.
-    pub gpus: Option<Vec<String>>,
-}
+use crate::api::agent::{Difference, NodeFacts};
 
 /// What the node was at attestation and validation.
 #[derive(Debug, Clone, Default)]
@@ -30,19 +15,6 @@ pub struct Baseline {
     pub modules: BTreeMap<String, String>,
     /// GPU UUIDs validated; None when the boot was not validated.
     pub gpus: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Difference {
-    pub field: String,
-    pub was: String,
-    pub now: String,
-}
-
-impl std::fmt::Display for Difference {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: was {}, now {}", self.field, self.was, self.now)
-    }
 }
 
 /// Differences between `facts` and `baseline`, for what `facts` reports. A version or

@@ -4,7 +4,6 @@
 pub mod attest;
 pub mod controller;
 pub mod drift;
-pub mod mac;
 pub mod policy;
 pub mod reimage;
 pub mod state;

@@ -2,24 +2,18 @@
 //! optional new image, the disruption budget (checked in the transaction that moves the
 //! node) and `Idempotency-Key` (the same key gets the first answer again).
 
-use crate::image::refs::ImageRef;
-use crate::node::mac::Mac;
+use crate::api::Mac;
+use crate::api::event::kind;
+use crate::api::node::ReimageAccepted;
+use crate::api::refs::ImageRef;
 use crate::registry::{Registry, RegistryError};
 use crate::store::StoreError;
-use crate::store::events::kind;
-use crate::store::nodes::{DisruptionBudget, NodeRecord, ReimageOutcome};
+use crate::store::nodes::{DisruptionBudget, ReimageOutcome};
 
 #[derive(Clone)]
 pub struct ReimageService {
     pub registry: Registry,
     pub budget: DisruptionBudget,
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct ReimageAccepted {
-    /// `accepted`, or `already-reimaging` (nothing changed).
-    pub outcome: String,
-    pub node: NodeRecord,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +72,10 @@ impl ReimageService {
             ReimageOutcome::Accepted(n) => (n, "accepted"),
             ReimageOutcome::AlreadyReimaging(n) => (n, "already-reimaging"),
             ReimageOutcome::OverBudget(why) => {
-                let data = serde_json::json!({ "reason": why, "request": reason });
+                let data = crate::api::event::ReimageRefusedData {
+                    reason: why.clone(),
+                    request: reason.clone(),
+                };
                 store
                     .record_event(kind::REIMAGE_REFUSED, Some(mac), &data)
                     .await?;
@@ -93,7 +90,7 @@ impl ReimageService {
         };
         let body = serde_json::to_string(&ReimageAccepted {
             outcome: outcome.into(),
-            node,
+            node: node.into(),
         })
         .expect("serialises");
         if let Some(key) = key {

@@ -1,38 +1,14 @@
 //! The node lifecycle as data: states, the events that move a node, and the explicit table
-//! of allowed transitions. Pure: no I/O, no clock; the controller (issue #5) persists.
+//! of allowed transitions. Pure: no I/O, no clock; the controller persists. The states
+//! themselves are part of the wire contract (`api::NodeState`).
 //!
 //! Every event names its target state, so a transition is "look up the target, check the
 //! edge is in the table": there is no per-state branching to drift out of sync with the
 //! diagram in ARCHITECTURE.md, which a test compares with `ALLOWED`.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NodeState {
-    /// Seen on the network (DHCP/PXE), not yet booted by us.
-    Discovered,
-    /// Booting: a boot script was served and a boot record opened.
-    Provisioning,
-    /// The agent attested: the node runs exactly the assigned image.
-    Booted,
-    /// Post-boot checks (GPUs, driver, compute) are running.
-    Validating,
-    /// Attested and validated: "GPU Ready", not just "Node Ready".
-    Ready,
-    /// A reimage was requested; the next heartbeat answers "reboot".
-    Reimaging,
-    AttestationFailed,
-    ValidationFailed,
-    /// Was ready; now runs something other than what it attested or the image pins.
-    Drifted,
-    /// Stopped heartbeating.
-    Unreachable,
-    /// Failed too often: needs a human or a hardware ticket.
-    Quarantined,
-}
+use crate::api::NodeState;
 
 /// What happened to a node. Each event has exactly one target state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,48 +106,6 @@ pub fn transition(from: NodeState, event: NodeEvent) -> Result<NodeState, Transi
     }
 }
 
-impl NodeState {
-    pub const ALL: [NodeState; 11] = [
-        Discovered,
-        Provisioning,
-        Booted,
-        Validating,
-        Ready,
-        Reimaging,
-        AttestationFailed,
-        ValidationFailed,
-        Drifted,
-        Unreachable,
-        Quarantined,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Discovered => "discovered",
-            Provisioning => "provisioning",
-            Booted => "booted",
-            Validating => "validating",
-            Ready => "ready",
-            Reimaging => "reimaging",
-            AttestationFailed => "attestation-failed",
-            ValidationFailed => "validation-failed",
-            Drifted => "drifted",
-            Unreachable => "unreachable",
-            Quarantined => "quarantined",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s)
-    }
-}
-
-impl fmt::Display for NodeState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,13 +177,10 @@ mod tests {
     }
 
     #[test]
-    fn table_has_no_duplicates_and_names_round_trip() {
+    fn table_has_no_duplicates() {
         let mut edges = ALLOWED.to_vec();
         edges.sort();
         edges.dedup();
         assert_eq!(edges.len(), ALLOWED.len());
-        for s in NodeState::ALL {
-            assert_eq!(NodeState::parse(s.as_str()), Some(s));
-        }
     }
 }

@@ -5,122 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
-/// PCIe link state: current and maximum generation and width.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PcieLink {
-    pub gen_current: u32,
-    pub gen_max: u32,
-    pub width_current: u32,
-    pub width_max: u32,
-}
-
-/// ECC error counters (NVML volatile = since driver load, aggregate = lifetime).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EccCounts {
-    pub volatile_corrected: u64,
-    pub volatile_uncorrected: u64,
-    pub aggregate_corrected: u64,
-    pub aggregate_uncorrected: u64,
-}
-
-/// Row remapping (NVML field values NVML_FI_DEV_REMAPPED_*), A100 and later.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RowRemap {
-    pub correctable: u64,
-    pub uncorrectable: u64,
-    pub pending: bool,
-    pub failure: bool,
-}
-
-/// Retired pages (pre-A100 page retirement).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RetiredPages {
-    pub single_bit: u64,
-    pub double_bit: u64,
-    pub pending: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NvLink {
-    pub link: u32,
-    pub active: bool,
-}
-
-/// One GPU as the agent saw it through NVML. Every reading is optional: an older GPU or
-/// a failed query leaves it out, and a check that needs it says so. Unknown fields are
-/// accepted: a newer agent may report more than this server judges.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct GpuFacts {
-    pub index: u32,
-    pub uuid: String,
-    pub serial: Option<String>,
-    pub name: String,
-    pub memory_mib: Option<u64>,
-    pub pci_bus_id: Option<String>,
-    pub pcie: Option<PcieLink>,
-    pub ecc_enabled: Option<bool>,
-    pub ecc: Option<EccCounts>,
-    pub retired_pages: Option<RetiredPages>,
-    pub row_remap: Option<RowRemap>,
-    pub temperature_c: Option<u32>,
-    pub power_w: Option<f64>,
-    pub throttle_reasons: Vec<String>,
-    pub persistence_mode: Option<bool>,
-    pub mig_enabled: Option<bool>,
-    pub nvlinks: Vec<NvLink>,
-    /// An NVML error for this GPU ("Unknown Error", "GPU is lost"...).
-    pub error: Option<String>,
-}
-
-/// An XID from the kernel log (`NVRM: Xid (PCI:0000:3b:00): 79, ...`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Xid {
-    pub code: u32,
-    pub pci_bus_id: Option<String>,
-    #[serde(default)]
-    pub line: String,
-}
-
-/// An optional check the agent ran (a compute probe, one DCGM diagnostic test...).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckResult {
-    pub name: String,
-    pub passed: bool,
-    #[serde(default)]
-    pub detail: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ValidationReport {
-    /// Why NVML could not be used ("NVML unavailable: ..."); GPUs are then unknown.
-    pub nvml_error: Option<String>,
-    /// The NVIDIA driver version NVML (or /proc/driver/nvidia/version) reports.
-    pub driver_version: Option<String>,
-    pub gpus: Vec<GpuFacts>,
-    /// XIDs since boot.
-    pub xids: Vec<Xid>,
-    /// DCGM diagnostic results, one per test, when the image asked for them.
-    pub dcgm: Option<Vec<CheckResult>>,
-    pub checks: Vec<CheckResult>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub check: String,
-    /// The GPU index, when the failure is one GPU's.
-    pub gpu: Option<u32>,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValidationVerdict {
-    pub passed: bool,
-    pub failures: Vec<Failure>,
-}
+use crate::api::agent::{Failure, ValidationReport, ValidationVerdict};
 
 /// XIDs that mean the GPU is not fit for work until reset or replaced: 48 (double-bit
 /// ECC), 63/64 (row remapping event/failure), 74 (NVLink error), 79 (fell off the bus),
@@ -426,6 +311,7 @@ pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdic
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::agent::*;
 
     fn want() -> Expectations {
         Expectations::from_manifest(

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreError, now_ms, parse_digest};
-use crate::digest::Digest;
-use crate::node::mac::Mac;
-use crate::node::state::NodeState;
+use crate::api::Digest;
+use crate::api::Mac;
+use crate::api::NodeState;
 
 /// One response that sent (part of) a blob for a boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,9 +218,8 @@ impl Store {
         rows.into_iter()
             .map(|(mac, state, seen)| {
                 Ok((
-                    mac.parse().map_err(|e: crate::node::mac::MacError| {
-                        StoreError::Corrupt(e.to_string())
-                    })?,
+                    mac.parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
                     NodeState::parse(&state)
                         .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
                     seen,

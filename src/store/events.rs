@@ -2,43 +2,25 @@
 //! written in the transaction of what they report, so the log never misses a transition
 //! and never shows one that was rolled back.
 
-use serde::{Deserialize, Serialize};
-
 use super::{Store, StoreError, format_ms, now_ms};
-use crate::node::mac::Mac;
-
-/// Event kinds, as stored and as sent.
-pub mod kind {
-    /// A node changed state: `{from, to, reason}`.
-    pub const NODE_STATE: &str = "node.state";
-    /// An agent report (attestation, heartbeat, validation) was refused: `{route, boot, reason}`.
-    pub const REPORT_REFUSED: &str = "report.refused";
-    /// A reimage request was refused by the disruption budget: `{reason}`.
-    pub const REIMAGE_REFUSED: &str = "reimage.refused";
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub seq: i64,
-    pub at: String,
-    pub kind: String,
-    /// The node concerned; for a refused report, the node the caller claimed to be.
-    pub node: Option<Mac>,
-    pub data: serde_json::Value,
-}
+use crate::api::Mac;
+use crate::api::event::Event;
 
 pub(crate) async fn insert_event(
     conn: &mut sqlx::SqliteConnection,
     kind: &str,
     mac: Option<&Mac>,
-    data: &serde_json::Value,
+    data: &(impl serde::Serialize + Sync),
     at_ms: i64,
 ) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO events (at_ms, kind, mac, data) VALUES (?, ?, ?, ?)")
         .bind(at_ms)
         .bind(kind)
         .bind(mac.map(|m| m.to_string()))
-        .bind(data.to_string())
+        .bind(
+            serde_json::to_string(data)
+                .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
+        )
         .execute(conn)
         .await?;
     Ok(())
@@ -54,7 +36,7 @@ fn event_from_row((seq, at, kind, mac, data): EventRow) -> Result<Event, StoreEr
         node: mac
             .map(|m| m.parse())
             .transpose()
-            .map_err(|e: crate::node::mac::MacError| StoreError::Corrupt(e.to_string()))?,
+            .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
         data: serde_json::from_str(&data)
             .map_err(|e| StoreError::Corrupt(format!("event {seq}: {e}")))?,
     })
@@ -66,7 +48,7 @@ impl Store {
         &self,
         kind: &str,
         mac: Option<&Mac>,
-        data: &serde_json::Value,
+        data: &(impl serde::Serialize + Sync),
     ) -> Result<(), StoreError> {
         let _gate = self.write_gate().await;
         let mut conn = self.pool.acquire().await?;

@@ -3,8 +3,8 @@
 use std::net::Ipv4Addr;
 
 use super::{Store, StoreError};
+use crate::api::Mac;
 use crate::dhcp::leases::{HwAddr, Lease};
-use crate::node::mac::Mac;
 
 impl Store {
     pub async fn load_leases(&self) -> Result<Vec<Lease>, StoreError> {
@@ -16,7 +16,7 @@ impl Store {
             .map(|(mac, ip, expires)| {
                 let mac: Mac = mac
                     .parse()
-                    .map_err(|e: crate::node::mac::MacError| StoreError::Corrupt(e.to_string()))?;
+                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?;
                 let ip: Ipv4Addr = ip
                     .parse()
                     .map_err(|_| StoreError::Corrupt(format!("lease address {ip:?}")))?;

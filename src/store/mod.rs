@@ -12,15 +12,13 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::digest::Digest;
-use crate::image::canonical::Artifact;
-use crate::image::manifest::Role;
-use crate::image::refs::{ImageRef, TagName};
+use crate::api::Digest;
+use crate::api::image::{Artifact, Image, Role, Tag, TagMove};
+use crate::api::refs::{ImageRef, TagName};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -44,18 +42,6 @@ pub struct Store {
     node_cache: std::sync::Arc<node_cache::NodeCache>,
 }
 
-/// An image as listed and shown.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct ImageRecord {
-    pub digest: Digest,
-    pub name: String,
-    pub version: String,
-    pub created_at: String,
-    pub artifacts: Vec<Artifact>,
-    /// Tags currently pointing here, as `name:tag`.
-    pub tags: Vec<String>,
-}
-
 /// A new image to insert.
 pub struct NewImage<'a> {
     pub digest: Digest,
@@ -77,22 +63,6 @@ pub enum InsertOutcome {
     },
     /// `name:version` would shadow a tag of the same spelling.
     ClashesWithTag,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct TagMove {
-    pub tag: String,
-    pub from: Option<Digest>,
-    pub to: Digest,
-    pub actor: String,
-    pub at: String,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct TagRecord {
-    pub tag: String,
-    pub digest: Digest,
-    pub updated_at: String,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -280,7 +250,7 @@ impl Store {
         found.map(|(d,)| parse_digest(&d)).transpose()
     }
 
-    pub async fn image(&self, digest: &Digest) -> Result<Option<ImageRecord>, StoreError> {
+    pub async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError> {
         let row: Option<(String, String, String, i64)> = sqlx::query_as(
             "SELECT digest, name, version, created_at_ms FROM images WHERE digest = ?",
         )
@@ -302,7 +272,7 @@ impl Store {
         Ok(row.map(|(t,)| t))
     }
 
-    pub async fn list_images(&self) -> Result<Vec<ImageRecord>, StoreError> {
+    pub async fn list_images(&self) -> Result<Vec<Image>, StoreError> {
         let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
             "SELECT digest, name, version, created_at_ms FROM images ORDER BY name, created_at_ms, version",
         )
@@ -318,7 +288,7 @@ impl Store {
     async fn record(
         &self,
         (digest, name, version, created): (String, String, String, i64),
-    ) -> Result<ImageRecord, StoreError> {
+    ) -> Result<Image, StoreError> {
         let artifacts: Vec<(String, String, String, i64)> = sqlx::query_as(
             "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = ? ORDER BY position",
         )
@@ -330,7 +300,7 @@ impl Store {
                 .bind(&digest)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(ImageRecord {
+        Ok(Image {
             digest: parse_digest(&digest)?,
             name,
             version,
@@ -436,7 +406,7 @@ impl Store {
             .collect()
     }
 
-    pub async fn list_tags(&self) -> Result<Vec<TagRecord>, StoreError> {
+    pub async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
         let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
             "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name, tag",
         )
@@ -444,7 +414,7 @@ impl Store {
         .await?;
         rows.into_iter()
             .map(|(name, tag, d, at)| {
-                Ok(TagRecord {
+                Ok(Tag {
                     tag: format!("{name}:{tag}"),
                     digest: parse_digest(&d)?,
                     updated_at: format_ms(at),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::nodes::NodeRecord;
-use crate::node::mac::Mac;
+use crate::api::Mac;
 
 /// Past this many entries the cache starts over: MACs seen in DHCP are unbounded input.
 const MAX_ENTRIES: usize = 200_000;
@@ -64,7 +64,7 @@ impl NodeCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::state::NodeState;
+    use crate::api::NodeState;
 
     fn node(mac: &str, state: NodeState) -> NodeRecord {
         NodeRecord {

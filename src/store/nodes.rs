@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::{Store, StoreError, format_ms, now_ms, parse_digest};
-use crate::digest::Digest;
-use crate::node::mac::Mac;
-use crate::node::state::NodeState;
+use crate::api::Digest;
+use crate::api::Mac;
+use crate::api::NodeState;
+use crate::api::node::{Bmc, Node, StateChange};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A row of `nodes`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct NodeRecord {
     pub mac: Mac,
     pub uuid: Option<String>,
@@ -27,25 +27,22 @@ pub struct NodeRecord {
     pub bmc: Option<Bmc>,
 }
 
-/// A node's baseboard management controller. Credentials are never stored here, only the
-/// name of the secret that holds them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bmc {
-    /// Host or address of the BMC.
-    pub address: String,
-    /// `redfish` or `ipmi`.
-    pub protocol: String,
-    /// Name of the secret holding the credentials.
-    pub credential: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StateChange {
-    pub from: Option<NodeState>,
-    pub to: NodeState,
-    pub reason: String,
-    pub at: String,
+impl From<NodeRecord> for Node {
+    fn from(n: NodeRecord) -> Self {
+        Node {
+            mac: n.mac,
+            uuid: n.uuid,
+            hostname: n.hostname,
+            labels: n.labels,
+            assigned: n.assigned,
+            state: n.state,
+            state_reason: n.state_reason,
+            version: n.version,
+            created_at: n.created_at,
+            updated_at: n.updated_at,
+            bmc: n.bmc,
+        }
+    }
 }
 
 /// A boot to record with the state change that starts it; the token is stored only as
@@ -95,7 +92,7 @@ fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
         mac: r
             .0
             .parse()
-            .map_err(|e: crate::node::mac::MacError| corrupt(e.to_string()))?,
+            .map_err(|e: crate::api::MacError| corrupt(e.to_string()))?,
         uuid: r.1,
         hostname: r.2,
         labels: serde_json::from_str(&r.3).map_err(|e| corrupt(format!("labels: {e}")))?,
@@ -131,10 +128,14 @@ async fn insert_history(
         .bind(at_ms)
         .execute(&mut *conn)
         .await?;
-    let data = serde_json::json!({ "from": from, "to": to, "reason": reason });
+    let data = crate::api::event::NodeStateData {
+        from,
+        to,
+        reason: reason.to_string(),
+    };
     super::events::insert_event(
         conn,
-        super::events::kind::NODE_STATE,
+        crate::api::event::kind::NODE_STATE,
         Some(mac),
         &data,
         at_ms,
@@ -396,7 +397,7 @@ impl Store {
             Ok(BootForAttest {
                 mac: mac
                     .parse()
-                    .map_err(|e: crate::node::mac::MacError| StoreError::Corrupt(e.to_string()))?,
+                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
                 image: parse_digest(&image)?,
                 token_sha256: parse_digest(&token)?,
                 created_at_ms: at,
@@ -429,7 +430,7 @@ impl Store {
 }
 
 /// How many nodes may be reimaging at once: overall, and per value of one label.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DisruptionBudget {
     pub max_total: i64,

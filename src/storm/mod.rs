@@ -51,7 +51,7 @@ impl Behaviour {
 }
 
 /// The healthy 8-GPU validation report every simulated node sends.
-pub fn gpu_report() -> serde_json::Value {
+pub fn gpu_report() -> crate::api::agent::ValidationReport {
     serde_json::from_str(include_str!(
         "../../tests/fixtures/gpu/hgx-h100-healthy.json"
     ))

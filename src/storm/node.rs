@@ -7,8 +7,12 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use crate::api::Mac;
+use crate::api::agent::{
+    AttestReport, AttestRequest, HeartbeatAnswer, HeartbeatRequest, NextAction, NodeFacts,
+    ValidateRequest, ValidationReport, ValidationVerdict, Verdict,
+};
 use futures_util::StreamExt;
-use serde_json::{Value, json};
 
 use super::dhcp::{Asker, Segment};
 use crate::tftp::client::{ClientOptions, fetch};
@@ -63,7 +67,7 @@ pub struct Behaviour {
     pub kernel_release: String,
     pub versions: BTreeMap<String, String>,
     /// The validation report, with GPU UUIDs made per node.
-    pub gpu_report: Value,
+    pub gpu_report: ValidationReport,
 }
 
 /// What one node's boot came to.
@@ -224,27 +228,35 @@ async fn run(
         server: arg("server")?,
         token: arg("token")?,
         boot: arg("boot")?,
-        mac: arg("mac")?,
+        mac: arg("mac")?
+            .parse()
+            .map_err(|e: crate::api::MacError| Failed(Phase::Attest, e.to_string()))?,
     };
     let t = Instant::now();
-    let report = json!({
-        "image_digest": arg("image")?,
-        "kernel_release": b.kernel_release,
-        "cmdline": plan.args,
-        "versions": b.versions,
-        "modules": {},
-    });
-    let verdict = agent
-        .post("attest", json!({ "report": report }), r)
+    let attest = AttestRequest {
+        boot_id: agent.boot.clone(),
+        mac: agent.mac,
+        report: AttestReport {
+            image_digest: arg("image")?
+                .parse()
+                .map_err(|e: crate::api::DigestError| Failed(Phase::Attest, e.to_string()))?,
+            kernel_release: b.kernel_release.clone(),
+            cmdline: plan.args.clone(),
+            versions: b.versions.clone(),
+            artifacts: Vec::new(),
+            modules: BTreeMap::new(),
+        },
+    };
+    let verdict: Verdict = agent
+        .post("attest", &attest, r)
         .await
         .map_err(|e| Failed(Phase::Attest, e))?;
-    if verdict["passed"] != Value::Bool(true) {
+    if !verdict.passed {
         // The cause is the mismatched fields (their values name the node's blobs).
-        let fields: Vec<&str> = verdict["mismatches"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|m| m["field"].as_str())
+        let fields: Vec<&str> = verdict
+            .mismatches
+            .iter()
+            .map(|m| m.field.as_str())
             .collect();
         return Err(Failed(
             Phase::Attest,
@@ -254,19 +266,29 @@ async fn run(
     r.phases.push((Phase::Attest, t.elapsed()));
 
     let t = Instant::now();
-    let mut gpus = b.gpu_report.clone();
+    let mut report = b.gpu_report.clone();
     let mut uuids = Vec::new();
-    if let Some(list) = gpus["gpus"].as_array_mut() {
-        for (i, g) in list.iter_mut().enumerate() {
-            let uuid = format!("GPU-{}-{i}", hexhyp(mac));
-            g["uuid"] = Value::String(uuid.clone());
-            uuids.push(uuid);
-        }
+    for (i, g) in report.gpus.iter_mut().enumerate() {
+        g.uuid = format!("GPU-{}-{i}", hexhyp(mac));
+        uuids.push(g.uuid.clone());
     }
-    agent
-        .post("validate", json!({ "report": gpus }), r)
+    let validate = ValidateRequest {
+        boot_id: agent.boot.clone(),
+        mac: agent.mac,
+        report,
+    };
+    let verdict: ValidationVerdict = agent
+        .post("validate", &validate, r)
         .await
         .map_err(|e| Failed(Phase::Validate, e))?;
+    // Ready is what the server says: a refused validation is a failed node.
+    if !verdict.passed {
+        let why: Vec<&str> = verdict.failures.iter().map(|f| f.reason.as_str()).collect();
+        return Err(Failed(
+            Phase::Validate,
+            format!("refused: {}", why.join("; ")),
+        ));
+    }
     r.phases.push((Phase::Validate, t.elapsed()));
     r.phases.push((Phase::Ready, power_on.elapsed()));
 
@@ -275,22 +297,26 @@ async fn run(
             tokio::time::sleep(b.heartbeat_every).await;
         }
         let t = Instant::now();
-        let facts = json!({
-            "kernel_release": b.kernel_release,
-            "cmdline": plan.args,
-            "versions": b.versions,
-            "modules": {},
-            "gpus": uuids,
-        });
-        let answer = agent
-            .post("heartbeat", json!({ "facts": facts }), r)
+        let heartbeat = HeartbeatRequest {
+            boot_id: agent.boot.clone(),
+            mac: agent.mac,
+            facts: Some(NodeFacts {
+                kernel_release: Some(b.kernel_release.clone()),
+                cmdline: Some(plan.args.clone()),
+                versions: b.versions.clone(),
+                modules: BTreeMap::new(),
+                gpus: Some(uuids.clone()),
+            }),
+        };
+        let answer: HeartbeatAnswer = agent
+            .post("heartbeat", &heartbeat, r)
             .await
             .map_err(|e| Failed(Phase::Heartbeat, e))?;
         r.phases.push((Phase::Heartbeat, t.elapsed()));
-        if answer["action"] != "none" {
+        if answer.action != NextAction::None {
             return Err(Failed(
                 Phase::Heartbeat,
-                format!("heartbeat answered {}", answer["action"]),
+                format!("heartbeat answered {:?}", answer.action),
             ));
         }
     }
@@ -443,20 +469,18 @@ struct Agent<'a> {
     server: String,
     token: String,
     boot: String,
-    mac: String,
+    mac: Mac,
 }
 
 impl Agent<'_> {
     /// POSTs to /api/v1/agent/`route` until a definite answer, as the agent retries
     /// (5xx and 429 back off from 1 s to 30 s); Ok only for 200.
-    async fn post(
+    async fn post<T: serde::de::DeserializeOwned>(
         &self,
         route: &str,
-        mut body: Value,
+        body: &impl serde::Serialize,
         r: &mut NodeResult,
-    ) -> Result<Value, String> {
-        body["boot_id"] = Value::String(self.boot.clone());
-        body["mac"] = Value::String(self.mac.clone());
+    ) -> Result<T, String> {
         let url = format!("{}/api/v1/agent/{route}", self.server.trim_end_matches('/'));
         let mut wait = Duration::from_secs(1);
         for _ in 0..8 {
@@ -464,7 +488,7 @@ impl Agent<'_> {
                 .http
                 .post(&url)
                 .bearer_auth(&self.token)
-                .json(&body)
+                .json(body)
                 .send()
                 .await;
             match sent {

@@ -109,7 +109,7 @@ pub async fn setup(
                 let r = http
                     .put(&url)
                     .bearer_auth(token)
-                    .json(&serde_json::json!({ "image": TAG }))
+                    .json(&crate::api::node::AssignRequest { image: TAG.into() })
                     .send()
                     .await?;
                 anyhow::ensure!(r.status().is_success(), "assign: {}", r.status());
@@ -120,7 +120,7 @@ pub async fn setup(
         .collect::<Vec<anyhow::Result<()>>>()
         .await;
     assigned.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    let digest = |data: &[u8]| crate::digest::Digest::of(data).hex();
+    let digest = |data: &[u8]| crate::api::Digest::of(data).hex();
     Ok(vec![
         format!("{base}/blobs/sha256/{}", digest(&kernel)),
         format!("{base}/blobs/sha256/{}", digest(&initrd)),

@@ -8,7 +8,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::net::UdpSocket;
 
 use super::packet::{Packet, Request};
-use crate::digest::Digest;
+use crate::api::Digest;
 
 #[derive(Debug, Clone)]
 pub struct ClientOptions {

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
-use crate::digest::Digest;
+use crate::api::Digest;
 use crate::image::blobstore::BlobStore;
 use crate::image::bundle_path::normalize_path;
 

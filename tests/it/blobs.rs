@@ -1,6 +1,6 @@
 //! Blob serving (Range, conditional requests), verify/quarantine, and garbage collection.
 
-use bootfleet::digest::Digest;
+use bootfleet::api::Digest;
 
 use crate::harness::*;
 

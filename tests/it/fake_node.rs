@@ -2,7 +2,7 @@
 //! script, downloads what the script names (with the `?boot=` the script carries), and
 //! posts attestation, validation and heartbeats with its boot token.
 
-use bootfleet::digest::Digest;
+use bootfleet::api::Digest;
 use serde_json::{Value, json};
 
 use crate::harness::TestServer;

@@ -302,8 +302,8 @@ async fn attestation_compares_what_this_boot_actually_fetched() {
     let bogus = boot.urls[1].replace(&boot.id, "0000000000000000");
     assert_eq!(reqwest::get(&bogus).await.unwrap().status(), 200);
     let artifacts = [
-        bootfleet::digest::Digest::of(&noise(30_000, 4)),
-        bootfleet::digest::Digest::of(b"initrd bytes"),
+        bootfleet::api::Digest::of(&noise(30_000, 4)),
+        bootfleet::api::Digest::of(b"initrd bytes"),
     ];
     let (status, verdict) = node
         .attest(&boot, node.report(&boot, &image, &artifacts))

@@ -1,7 +1,7 @@
 //! A fake node drives the boot routes: discovery, assignment, boot scripts by digest,
 //! boot records, state history; and the admin node API.
 
-use bootfleet::digest::Digest;
+use bootfleet::api::Digest;
 
 use crate::harness::*;
 
@@ -177,7 +177,7 @@ async fn bad_boot_requests_and_labels_are_refused_with_reasons() {
 /// Two writers read the node at the same version: one change lands, the other is told.
 #[tokio::test]
 async fn concurrent_state_changes_one_wins_one_is_told() {
-    use bootfleet::node::state::NodeState;
+    use bootfleet::api::NodeState;
     use bootfleet::store::nodes::CasOutcome;
     let dir = tempfile::tempdir().unwrap();
     let store = bootfleet::store::Store::open(&dir.path().join("db"))
@@ -224,7 +224,7 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
 /// DHCP reads nodes from memory; every kind of write to a node is seen by the next read.
 #[tokio::test]
 async fn the_dhcp_node_cache_sees_every_write() {
-    use bootfleet::node::state::NodeState;
+    use bootfleet::api::NodeState;
     use bootfleet::store::nodes::CasOutcome;
     let dir = tempfile::tempdir().unwrap();
     let store = bootfleet::store::Store::open(&dir.path().join("db"))

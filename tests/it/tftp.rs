@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bootfleet::digest::Digest;
+use bootfleet::api::Digest;
 use bootfleet::tftp::files::FileSource;
 use bootfleet::tftp::metrics::TftpMetrics;
 use bootfleet::tftp::server::{TftpServer, TftpSettings};

@@ -1,7 +1,7 @@
 //! XIDs from the kernel log: `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off
 //! the bus.` NVML reports XIDs only as live events, so past ones come from the log.
 
-use crate::node::validate::Xid;
+use bootfleet_api::agent::Xid;
 
 /// The XID in one kernel log line, if it has one.
 pub fn parse_line(line: &str) -> Option<Xid> {

@@ -5,12 +5,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bootfleet_api::agent::{
+    AttestReport, AttestRequest, HeartbeatAnswer, HeartbeatRequest, NextAction, NodeFacts,
+    ValidateRequest,
+};
+use bootfleet_api::{Digest, Mac};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::facts::{SystemFacts, collect};
 use super::gpu::GpuSource;
-use crate::digest::Digest;
-use crate::node::mac::Mac;
 
 pub struct Agent {
     pub http: reqwest::Client,
@@ -43,7 +47,7 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 
 impl Agent {
     /// POSTs `body` to `route` until the server gives a definite answer.
-    async fn post(&self, route: &str, body: &Value) -> (u16, Value) {
+    async fn post(&self, route: &str, body: &impl Serialize) -> (u16, Value) {
         let url = format!("{}{route}", self.server.trim_end_matches('/'));
         let mut wait = FIRST_RETRY;
         loop {
@@ -87,14 +91,18 @@ impl Agent {
 
     pub async fn attest(&self) -> Result<(), String> {
         let f = self.facts();
-        let report = json!({
-            "image_digest": self.image,
-            "kernel_release": f.kernel_release,
-            "cmdline": f.cmdline,
-            "versions": f.versions,
-            "modules": f.modules,
-        });
-        let body = json!({ "boot_id": self.boot, "mac": self.mac, "report": report });
+        let body = AttestRequest {
+            boot_id: self.boot.clone(),
+            mac: self.mac,
+            report: AttestReport {
+                image_digest: self.image,
+                kernel_release: f.kernel_release,
+                cmdline: f.cmdline,
+                versions: f.versions,
+                artifacts: Vec::new(),
+                modules: f.modules,
+            },
+        };
         let (status, answer) = self.post("/api/v1/agent/attest", &body).await;
         Self::say("attest", status, &answer);
         match status {
@@ -120,7 +128,11 @@ impl Agent {
             report.driver_version = self.facts().versions.get("nvidia-driver").cloned();
         }
         let (nvml_error, gpus) = (report.nvml_error.clone(), report.gpus.len());
-        let body = json!({ "boot_id": self.boot, "mac": self.mac, "report": report });
+        let body = ValidateRequest {
+            boot_id: self.boot.clone(),
+            mac: self.mac,
+            report,
+        };
         let (status, answer) = self.post("/api/v1/agent/validate", &body).await;
         println!(
             "{}",
@@ -132,23 +144,28 @@ impl Agent {
         }
     }
 
-    pub async fn heartbeat(&self) -> Result<String, String> {
+    pub async fn heartbeat(&self) -> Result<NextAction, String> {
         let f = self.facts();
         let gpus: Vec<String> = self.gpus.read().gpus.into_iter().map(|g| g.uuid).collect();
-        let facts = json!({
-            "kernel_release": f.kernel_release,
-            "cmdline": f.cmdline,
-            "versions": f.versions,
-            "modules": f.modules,
-            "gpus": gpus,
-        });
-        let body = json!({ "boot_id": self.boot, "mac": self.mac, "facts": facts });
+        let body = HeartbeatRequest {
+            boot_id: self.boot.clone(),
+            mac: self.mac,
+            facts: Some(NodeFacts {
+                kernel_release: Some(f.kernel_release),
+                cmdline: Some(f.cmdline),
+                versions: f.versions,
+                modules: f.modules,
+                gpus: Some(gpus),
+            }),
+        };
         let (status, answer) = self.post("/api/v1/agent/heartbeat", &body).await;
         Self::say("heartbeat", status, &answer);
         if status != 200 {
             return Err(format!("heartbeat refused ({status}): {answer}"));
         }
-        Ok(answer["action"].as_str().unwrap_or("none").to_string())
+        serde_json::from_value::<HeartbeatAnswer>(answer.clone())
+            .map(|a| a.action)
+            .map_err(|e| format!("heartbeat answer {answer}: {e}"))
     }
 
     /// Attest, validate, then heartbeat until the server says reboot (or once).
@@ -156,10 +173,10 @@ impl Agent {
         self.attest().await?;
         self.validate().await?;
         loop {
-            match self.heartbeat().await?.as_str() {
-                "reboot" => return Ok(Outcome::Reboot),
-                "revalidate" => self.validate().await?,
-                _ => {}
+            match self.heartbeat().await? {
+                NextAction::Reboot => return Ok(Outcome::Reboot),
+                NextAction::Revalidate => self.validate().await?,
+                NextAction::None => {}
             }
             if once {
                 return Ok(Outcome::Done);

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::node::validate::{
+use bootfleet_api::agent::{
     EccCounts, GpuFacts, NvLink, PcieLink, RetiredPages, RowRemap, ValidationReport,
 };
 

@@ -1,7 +1,7 @@
 //! The boot's parameters on the kernel command line, as the boot script put them there:
 //! `bootfleet.server=`, `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`.
 
-use crate::digest::Digest;
+use bootfleet_api::Digest;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BootParams {
@@ -10,7 +10,7 @@ pub struct BootParams {
     pub token: Option<String>,
     pub image: Option<Digest>,
     /// The MAC the node booted from (the node's identity at the server).
-    pub mac: Option<crate::node::mac::Mac>,
+    pub mac: Option<bootfleet_api::Mac>,
     /// DCGM diagnostics level the image asks for.
     pub dcgm: Option<u64>,
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::node::validate::CheckResult;
+use bootfleet_api::agent::CheckResult;
 
 /// How long each DCGM level may take (level 1 takes seconds, 2 about 2 minutes, 3 about
 /// 15, 4 is the extended run).

@@ -1,0 +1,237 @@
+//! What the node agent sends and what it is answered: attestation (what the node runs),
+//! validation (raw GPU readings, XIDs, check results) and heartbeats (facts compared with
+//! the attested baseline; the answer carries the next action). The agent reports raw
+//! readings; every judgement is the server's.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Digest, Mac};
+
+/// `POST /api/v1/agent/attest`, with the boot token as bearer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttestRequest {
+    pub boot_id: String,
+    pub mac: Mac,
+    pub report: AttestReport,
+}
+
+/// What the agent reports about the system it booted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttestReport {
+    /// The image digest the node believes it booted (from its command line or initrd).
+    pub image_digest: Digest,
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// `/proc/cmdline`.
+    pub cmdline: String,
+    /// Versions the node runs, by the manifest's pin names (`nvidia-driver`, `ofed`...).
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
+    /// Digests of the artifacts the node verified after download.
+    #[serde(default)]
+    pub artifacts: Vec<Digest>,
+    /// Loaded kernel modules and their versions: not judged here, kept as the baseline
+    /// that drift is measured against.
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
+}
+
+/// One difference between what the boot was given and what the node reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    pub field: String,
+    pub expected: String,
+    pub found: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub passed: bool,
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// `POST /api/v1/agent/validate`, with the boot token as bearer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateRequest {
+    pub boot_id: String,
+    pub mac: Mac,
+    pub report: ValidationReport,
+}
+
+/// PCIe link state: current and maximum generation and width.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PcieLink {
+    pub gen_current: u32,
+    pub gen_max: u32,
+    pub width_current: u32,
+    pub width_max: u32,
+}
+
+/// ECC error counters (NVML volatile = since driver load, aggregate = lifetime).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EccCounts {
+    pub volatile_corrected: u64,
+    pub volatile_uncorrected: u64,
+    pub aggregate_corrected: u64,
+    pub aggregate_uncorrected: u64,
+}
+
+/// Row remapping (NVML field values NVML_FI_DEV_REMAPPED_*), A100 and later.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowRemap {
+    pub correctable: u64,
+    pub uncorrectable: u64,
+    pub pending: bool,
+    pub failure: bool,
+}
+
+/// Retired pages (pre-A100 page retirement).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredPages {
+    pub single_bit: u64,
+    pub double_bit: u64,
+    pub pending: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvLink {
+    pub link: u32,
+    pub active: bool,
+}
+
+/// One GPU as the agent saw it through NVML. Every reading is optional: an older GPU or
+/// a failed query leaves it out, and a check that needs it says so. Unknown fields are
+/// accepted: a newer agent may report more than this server judges.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuFacts {
+    pub index: u32,
+    pub uuid: String,
+    pub serial: Option<String>,
+    pub name: String,
+    pub memory_mib: Option<u64>,
+    pub pci_bus_id: Option<String>,
+    pub pcie: Option<PcieLink>,
+    pub ecc_enabled: Option<bool>,
+    pub ecc: Option<EccCounts>,
+    pub retired_pages: Option<RetiredPages>,
+    pub row_remap: Option<RowRemap>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+    pub throttle_reasons: Vec<String>,
+    pub persistence_mode: Option<bool>,
+    pub mig_enabled: Option<bool>,
+    pub nvlinks: Vec<NvLink>,
+    /// An NVML error for this GPU ("Unknown Error", "GPU is lost"...).
+    pub error: Option<String>,
+}
+
+/// An XID from the kernel log (`NVRM: Xid (PCI:0000:3b:00): 79, ...`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Xid {
+    pub code: u32,
+    pub pci_bus_id: Option<String>,
+    #[serde(default)]
+    pub line: String,
+}
+
+/// An optional check the agent ran (a compute probe, one DCGM diagnostic test...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub passed: bool,
+    #[serde(default)]
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ValidationReport {
+    /// Why NVML could not be used ("NVML unavailable: ..."); GPUs are then unknown.
+    pub nvml_error: Option<String>,
+    /// The NVIDIA driver version NVML (or /proc/driver/nvidia/version) reports.
+    pub driver_version: Option<String>,
+    pub gpus: Vec<GpuFacts>,
+    /// XIDs since boot.
+    pub xids: Vec<Xid>,
+    /// DCGM diagnostic results, one per test, when the image asked for them.
+    pub dcgm: Option<Vec<CheckResult>>,
+    pub checks: Vec<CheckResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub check: String,
+    /// The GPU index, when the failure is one GPU's.
+    pub gpu: Option<u32>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationVerdict {
+    pub passed: bool,
+    pub failures: Vec<Failure>,
+}
+
+/// `POST /api/v1/agent/heartbeat`, with the boot token as bearer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub boot_id: String,
+    pub mac: Mac,
+    /// What the node runs now; compared with the attested baseline when the node is ready.
+    #[serde(default)]
+    pub facts: Option<NodeFacts>,
+}
+
+/// What the agent reports with each heartbeat (all optional: an agent may send less).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub kernel_release: Option<String>,
+    pub cmdline: Option<String>,
+    /// Versions by pin name (`nvidia-driver`, `ofed`...).
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
+    /// Loaded kernel modules and their versions (`nvidia` -> `550.127.05`).
+    #[serde(default)]
+    pub modules: BTreeMap<String, String>,
+    /// UUIDs of the GPUs visible now; None when not reported.
+    pub gpus: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    pub field: String,
+    pub was: String,
+    pub now: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: was {}, now {}", self.field, self.was, self.now)
+    }
+}
+
+/// What the node is to do next, in a heartbeat's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NextAction {
+    None,
+    /// Run the validation again and post it (asked by an admin, or after a silence).
+    Revalidate,
+    /// Reboot now: a reimage was requested (on a stateless node, a reboot is a reimage).
+    Reboot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
+    pub action: NextAction,
+    /// What differs from the attested baseline, when anything does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<Difference>,
+}

@@ -1,0 +1,66 @@
+//! The event log as the API pages and streams it, and the kinds of event.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Mac;
+
+/// Event kinds, as stored and as sent.
+pub mod kind {
+    /// A node changed state: `{from, to, reason}`.
+    pub const NODE_STATE: &str = "node.state";
+    /// An agent report (attestation, heartbeat, validation) was refused: `{route, boot, reason}`.
+    pub const REPORT_REFUSED: &str = "report.refused";
+    /// A reimage request was refused by the disruption budget: `{reason}`.
+    pub const REIMAGE_REFUSED: &str = "reimage.refused";
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: i64,
+    pub at: String,
+    pub kind: String,
+    /// The node concerned; for a refused report, the node the caller claimed to be.
+    pub node: Option<Mac>,
+    pub data: serde_json::Value,
+}
+
+/// `GET /api/v1/events`: a page after a cursor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventPage {
+    pub events: Vec<Event>,
+    /// The cursor for the next page: the last seq returned, or `since` when none was.
+    pub next: i64,
+}
+
+/// `data` of a `node.state` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStateData {
+    pub from: Option<crate::NodeState>,
+    pub to: crate::NodeState,
+    pub reason: String,
+}
+
+/// `data` of a `report.refused` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportRefusedData {
+    /// `attest`, `validate` or `heartbeat`.
+    pub route: String,
+    /// The boot id the caller claimed (cut to 64 characters).
+    pub boot: String,
+    pub reason: String,
+}
+
+/// `data` of a `reimage.refused` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReimageRefusedData {
+    /// Why the disruption budget refused it.
+    pub reason: String,
+    /// The request's own reason.
+    pub request: String,
+}
+
+/// The body of one webhook delivery (signed; see the server's `webhook` module).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WebhookDelivery {
+    pub events: Vec<Event>,
+}

@@ -1,0 +1,34 @@
+//! bootfleet's wire contract, types only: typed IDs (`Mac`, `Digest`, image REFs), node
+//! states, and every request, report, verdict, next action and admin response of the
+//! HTTP API. The server, the agent, the CLI and the storm simulator all speak these
+//! types; nobody writes an API body by hand. No I/O, no rules: a judgement (attestation,
+//! validation, drift, the lifecycle table) lives in the server.
+
+pub mod agent;
+pub mod digest;
+pub mod event;
+pub mod image;
+pub mod mac;
+pub mod node;
+pub mod refs;
+
+pub use digest::{Digest, DigestError};
+pub use mac::{Mac, MacError};
+pub use node::NodeState;
+pub use refs::{ImageRef, RefError, TagName};
+
+/// `GET /readyz`: whether the server can serve, and what is wrong when it cannot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Readiness {
+    pub ready: bool,
+    /// `ok`, or the database error.
+    pub database: String,
+    /// `ok`, or what is wrong with the blob directory.
+    pub blobs: String,
+}
+
+/// The body of every error answer: `{"error": "<reason>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}

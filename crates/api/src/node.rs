@@ -1,0 +1,215 @@
+//! Nodes as the admin API shows them: the lifecycle states, a node, its state history and
+//! boot timelines, and the admin requests that act on nodes (assign, label, reimage,
+//! revalidate) with their answers. Which state may follow which is the server's rule
+//! (`node::state`), not part of the contract.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{Digest, Mac};
+
+/// Declares `NodeState` with each state's name written once: the variant, its wire and
+/// database spelling, `ALL`, `as_str` and `parse` all come from this list.
+macro_rules! node_states {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, )*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum NodeState {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl NodeState {
+            pub const ALL: [NodeState; [$($name),*].len()] = [$(NodeState::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(NodeState::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+node_states! {
+    /// Seen on the network (DHCP/PXE), not yet booted by us.
+    Discovered = "discovered",
+    /// Booting: a boot script was served and a boot record opened.
+    Provisioning = "provisioning",
+    /// The agent attested: the node runs exactly the assigned image.
+    Booted = "booted",
+    /// Post-boot checks (GPUs, driver, compute) are running.
+    Validating = "validating",
+    /// Attested and validated: "GPU Ready", not just "Node Ready".
+    Ready = "ready",
+    /// A reimage was requested; the next heartbeat answers "reboot".
+    Reimaging = "reimaging",
+    AttestationFailed = "attestation-failed",
+    ValidationFailed = "validation-failed",
+    /// Was ready; now runs something other than what it attested or the image pins.
+    Drifted = "drifted",
+    /// Stopped heartbeating.
+    Unreachable = "unreachable",
+    /// Failed too often: needs a human or a hardware ticket.
+    Quarantined = "quarantined",
+}
+
+impl NodeState {
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for NodeState {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeState {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown state {s:?}")))
+    }
+}
+
+/// A node as listed and shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub mac: Mac,
+    pub uuid: Option<String>,
+    pub hostname: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// What the admin assigned (digest, name:version or name:tag), resolved at boot time.
+    pub assigned: Option<String>,
+    pub state: NodeState,
+    pub state_reason: String,
+    /// Bumped by every change to the node.
+    pub version: i64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// How to reach the node's BMC; filled by the power-control work.
+    pub bmc: Option<Bmc>,
+}
+
+/// A node's baseboard management controller. Credentials are never stored here, only the
+/// name of the secret that holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bmc {
+    /// Host or address of the BMC.
+    pub address: String,
+    /// `redfish` or `ipmi`.
+    pub protocol: String,
+    /// Name of the secret holding the credentials.
+    pub credential: Option<String>,
+}
+
+/// One state change, with its reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateChange {
+    pub from: Option<NodeState>,
+    pub to: NodeState,
+    pub reason: String,
+    pub at: String,
+}
+
+/// `GET /api/v1/nodes/{mac}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: Node,
+    pub history: Vec<StateChange>,
+    /// The last boots as timelines, newest first.
+    pub boots: Vec<Timeline>,
+}
+
+/// A boot as a timeline: what happened, when, and where it stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub id: String,
+    pub image: Digest,
+    pub at: String,
+    pub steps: Vec<Step>,
+    /// The first step that did not happen or did not pass; None for a boot that reached
+    /// ready.
+    pub stopped_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// `script`, `kernel`, `initrd <name>`, `attested`, `validated`.
+    pub step: String,
+    /// When the step ended.
+    pub at: String,
+    /// Time from the end of the previous step to the end of this one.
+    pub took_ms: i64,
+    /// `ok`, or what went wrong.
+    pub outcome: String,
+}
+
+/// `PUT /api/v1/nodes/{mac}/image`: the REF the node boots (resolved at each boot).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignRequest {
+    pub image: String,
+}
+
+/// `PATCH /api/v1/nodes/{mac}/labels`: labels to set and to remove, in one write.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelRequest {
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// `POST /api/v1/nodes/{mac}/reimage` (an `Idempotency-Key` header is optional).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReimageRequest {
+    pub reason: String,
+    /// Also assign this REF first.
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+/// The answer to an accepted reimage request (202).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReimageAccepted {
+    /// `accepted`, or `already-reimaging` (nothing changed).
+    pub outcome: String,
+    pub node: Node,
+}
+
+/// The answer to `POST /api/v1/nodes/{mac}/revalidate` (202).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RevalidateAccepted {
+    /// `revalidate-requested`.
+    pub outcome: String,
+    pub node: Mac,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_round_trips_by_name() {
+        for s in NodeState::ALL {
+            assert_eq!(NodeState::parse(s.as_str()), Some(s));
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{s}\""));
+            assert_eq!(serde_json::from_str::<NodeState>(&json).unwrap(), s);
+        }
+        assert_eq!(NodeState::AttestationFailed.as_str(), "attestation-failed");
+        assert!(serde_json::from_str::<NodeState>("\"ready-ish\"").is_err());
+    }
+}
