@@ -36,7 +36,7 @@ pub struct FileConfig {
     pub templates_dir: Option<PathBuf>,
     /// `[reimage]`: the disruption budget.
     #[serde(default)]
-    pub reimage: crate::store::nodes::DisruptionBudget,
+    pub reimage: crate::node::reimage::DisruptionBudget,
     /// `[lifecycle]`: heartbeat timeout and drift policy.
     #[serde(default)]
     pub lifecycle: crate::node::policy::LifecyclePolicy,
@@ -124,7 +124,7 @@ pub struct ServerConfig {
     pub ipxe_dir: PathBuf,
     pub tftp: crate::tftp::server::TftpSettings,
     pub templates_dir: Option<PathBuf>,
-    pub budget: crate::store::nodes::DisruptionBudget,
+    pub budget: crate::node::reimage::DisruptionBudget,
     pub lifecycle: crate::node::policy::LifecyclePolicy,
     pub webhooks: Vec<crate::webhook::WebhookConfig>,
     pub dhcp: DhcpFileConfig,

@@ -6,6 +6,7 @@ pub use bootfleet_api as api;
 pub mod auth;
 pub mod boot;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod http;

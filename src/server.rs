@@ -13,7 +13,6 @@ use crate::config::ServerConfig;
 use crate::http::{AppState, router};
 use crate::image::blobstore::BlobStore;
 use crate::registry::Registry;
-use crate::store::Store;
 use crate::tftp::files::FileSource;
 use crate::tftp::server::TftpServer;
 
@@ -27,7 +26,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let blobs = BlobStore::open(data_dir)
         .with_context(|| format!("cannot open blob store in {}", data_dir.display()))?;
-    let store = Store::open(&data_dir.join(DATABASE_FILE))
+    let store = crate::store::sqlite::open(&data_dir.join(DATABASE_FILE))
         .await
         .context("cannot open the database")?;
     let token = AdminToken::load_or_create(cfg.admin_token_file.as_deref(), data_dir)?;
@@ -162,6 +161,7 @@ pub async fn start_dhcp(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::dhcp::decide::{Mode, Port, Settings};
+    use crate::dhcp::directory::LeaseJournal as _;
     use crate::dhcp::server::{DhcpServer, bind};
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = &cfg.dhcp;
@@ -172,11 +172,12 @@ pub async fn start_dhcp(
     let server_ip = d
         .server_ip
         .context("[dhcp] server_ip is required: our address on the boot segment")?;
+    let journal = std::sync::Arc::new(StoreLeases(state.registry.store.clone()));
     let leases = match (mode, &d.pool) {
         (Mode::Authoritative, Some(pool)) => {
             let mut leases = crate::dhcp::leases::Leases::new(pool)
                 .map_err(|e| anyhow::anyhow!("[dhcp.pool] {e}"))?;
-            leases.load(state.registry.store.load_leases().await?);
+            leases.load(journal.load().await.map_err(anyhow::Error::msg)?);
             Some(std::sync::Mutex::new(leases))
         }
         (Mode::Authoritative, None) => anyhow::bail!("[dhcp] mode authoritative needs [dhcp.pool]"),
@@ -203,7 +204,10 @@ pub async fn start_dhcp(
     let server = std::sync::Arc::new(DhcpServer {
         settings,
         leases,
-        store: state.registry.store.clone(),
+        directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
+            store: state.registry.store.clone(),
+        }),
+        journal,
         metrics: Default::default(),
         chain_policy: d.chainload,
         chain: Default::default(),
@@ -232,4 +236,43 @@ pub async fn start_dhcp(
     }
     tasks.push(tokio::spawn(server.persist(shutdown)));
     Ok(tasks)
+}
+
+/// DHCP's lease journal over the store (bound leases only; offers live in memory).
+pub struct StoreLeases(pub crate::store::Store);
+
+#[async_trait::async_trait]
+impl crate::dhcp::directory::LeaseJournal for StoreLeases {
+    async fn load(&self) -> Result<Vec<crate::dhcp::leases::Lease>, String> {
+        let rows = self.0.load_leases().await.map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .map(|r| crate::dhcp::leases::Lease {
+                mac: r.mac.octets(),
+                ip: r.ip,
+                expires_ms: r.expires_ms,
+                bound: true,
+            })
+            .collect())
+    }
+
+    async fn save(
+        &self,
+        keep: &[crate::dhcp::leases::Lease],
+        gone: &[crate::dhcp::leases::HwAddr],
+    ) -> Result<(), String> {
+        let keep: Vec<crate::store::LeaseRow> = keep
+            .iter()
+            .map(|l| crate::store::LeaseRow {
+                mac: l.mac.into(),
+                ip: l.ip,
+                expires_ms: l.expires_ms,
+            })
+            .collect();
+        let gone: Vec<crate::api::Mac> = gone.iter().map(|m| (*m).into()).collect();
+        self.0
+            .save_leases(&keep, &gone)
+            .await
+            .map_err(|e| e.to_string())
+    }
 }

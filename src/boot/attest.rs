@@ -85,7 +85,11 @@ impl BootService {
         if let Err(e) = self
             .registry
             .store
-            .record_event(crate::api::event::kind::REPORT_REFUSED, Some(mac), &data)
+            .record_event(
+                crate::api::event::kind::REPORT_REFUSED,
+                Some(mac),
+                &serde_json::to_value(&data).expect("event data serialises"),
+            )
             .await
         {
             tracing::warn!(error = %e, "cannot record a refused report");
@@ -98,7 +102,7 @@ impl BootService {
         token: &str,
         boot_id: &str,
         mac: &Mac,
-    ) -> Result<crate::store::nodes::BootForAttest, AttestError> {
+    ) -> Result<crate::store::BootForAttest, AttestError> {
         let boot = self
             .registry
             .store
@@ -131,7 +135,7 @@ impl BootService {
     async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let store = &self.registry.store;
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
-        if crate::store::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
+        if crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());
         }
         let Some(image) = self.image(&boot.image).await? else {

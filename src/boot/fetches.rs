@@ -15,8 +15,8 @@ use futures_util::Stream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Digest;
+use crate::store::Fetch;
 use crate::store::Store;
-use crate::store::boots::Fetch;
 
 /// Records waiting for the writer; past this, records are dropped and counted (a flood of
 /// downloads with made-up boot ids must not grow memory). A dropped record fails its
@@ -112,7 +112,7 @@ impl FetchRecorder {
             len,
             fetch: Fetch {
                 digest,
-                started_at_ms: crate::store::now_ms(),
+                started_at_ms: crate::clock::now_ms(),
                 finished_at_ms: None,
                 bytes: 0,
                 whole,
@@ -147,7 +147,7 @@ where
         if let Poll::Ready(Some(Ok(chunk))) = &next {
             this.fetch.bytes += chunk.len() as u64;
             if this.fetch.bytes >= this.len && this.fetch.finished_at_ms.is_none() {
-                this.fetch.finished_at_ms = Some(crate::store::now_ms());
+                this.fetch.finished_at_ms = Some(crate::clock::now_ms());
                 // Queued before hyper writes the last chunk, so before the node can have
                 // it and attest: an attestation's flush then always finds it. Queued at
                 // the drop instead, a fast node attested first now and then (found by the

@@ -9,7 +9,7 @@ use crate::node::drift::{Baseline, compare};
 use crate::node::policy::DriftAction;
 use crate::node::reimage::ReimageError;
 use crate::node::state::NodeEvent;
-use crate::store::boots::BootFacts;
+use crate::store::BootFacts;
 
 fn answer(action: NextAction, drift: Vec<Difference>) -> HeartbeatAnswer {
     HeartbeatAnswer { action, drift }

@@ -133,7 +133,7 @@ impl BootService {
             "boot {boot_id}: {}:{} {}",
             image.name, image.version, image.digest
         );
-        let boot = crate::store::nodes::NewBoot {
+        let boot = crate::store::NewBoot {
             id: &boot_id,
             image: &image.digest,
             token_sha256: &token_sha256,

@@ -10,9 +10,9 @@ use crate::api::Mac;
 use crate::api::image::Artifact;
 use crate::api::image::Role;
 use crate::api::node::{Step, Timeline};
+use crate::clock::format_ms;
 use crate::node::attest::Received;
-use crate::store::boots::BootFacts;
-use crate::store::format_ms;
+use crate::store::BootFacts;
 
 /// The timeline of `boot`, whose image has `artifacts`.
 pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
@@ -121,7 +121,7 @@ impl BootService {
 mod tests {
     use super::*;
     use crate::api::Digest;
-    use crate::store::boots::Fetch;
+    use crate::store::Fetch;
 
     fn artifacts() -> Vec<Artifact> {
         vec![

@@ -1,11 +1,13 @@
 //! DHCPv4: proxyDHCP (boot information next to the site's DHCP) and authoritative mode
 //! (pool, reservations, leases). `wire` checks untrusted bytes, `classify` names the
-//! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps the pool (pure), `reply` encodes,
+//! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps the pool
+//! (pure), `reply` encodes, `directory` is what DHCP asks of the node service (traits),
 //! `server` moves datagrams and persists leases in batches.
 
 pub mod chain;
 pub mod classify;
 pub mod decide;
+pub mod directory;
 pub mod leases;
 pub mod metrics;
 pub mod reply;

@@ -12,13 +12,12 @@ use tokio_util::sync::CancellationToken;
 use super::chain::{Chain, ChainMemory, ChainPolicy};
 use super::classify::{BootClass, classify};
 use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
+use super::directory::{LeaseJournal, NodeDirectory};
 use super::leases::Leases;
 use super::metrics::DhcpMetrics;
 use super::reply::{encode, relay_info};
 use super::wire::{Checked, MAX_PACKET, check};
 use crate::api::Mac;
-use crate::api::NodeState;
-use crate::store::Store;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
@@ -31,7 +30,10 @@ pub const SERVER_PORT: u16 = 67;
 pub struct DhcpServer {
     pub settings: Settings,
     pub leases: Option<Mutex<Leases>>,
-    pub store: Store,
+    /// What is known of each node (the node service).
+    pub directory: Arc<dyn NodeDirectory>,
+    /// Where bound leases are saved.
+    pub journal: Arc<dyn LeaseJournal>,
     pub metrics: Arc<DhcpMetrics>,
     /// `[dhcp] chainload`, and what each MAC was last given under it.
     pub chain_policy: ChainPolicy,
@@ -59,36 +61,17 @@ pub fn bind(addr: SocketAddrV4, interface: Option<&str>) -> std::io::Result<UdpS
 }
 
 impl DhcpServer {
-    /// What the store knows of the client, recording a new network-booting MAC.
+    /// What the directory knows of the client; nothing for a client that does not
+    /// network-boot.
     async fn node_view(&self, req: &Checked, uuid: Option<&str>, network_boot: bool) -> NodeView {
         if !network_boot {
             return NodeView::default();
         }
-        let mac = Mac::from(req.chaddr);
-        // From memory first: known nodes (nearly every packet) touch neither the pool nor
-        // the write lock.
-        let known = match self.store.node_for_dhcp(&mac).await {
-            Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
-            _ => self
-                .store
-                .discover(&mac, uuid, "first seen in DHCP")
-                .await
-                .map(|(node, _)| node),
-        };
-        match known {
-            Ok(node) => NodeView {
-                bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
-                local_boot: node.labels.get("boot").is_some_and(|v| v == "local"),
-                // Here: whether the node is to be chainloaded at all; `handle` decides
-                // whether this transaction gets the binary.
-                chainload: self.chain_policy == ChainPolicy::Always
-                    || node.labels.get("ipxe").is_some_and(|v| v == "chainload"),
-            },
-            Err(e) => {
-                tracing::warn!(%mac, error = %e, "cannot look the node up; no boot file");
-                NodeView::default()
-            }
-        }
+        let mut view = self.directory.node_view(Mac::from(req.chaddr), uuid).await;
+        // Here: whether the node is to be chainloaded at all; `handle` decides whether
+        // this transaction gets the binary.
+        view.chainload |= self.chain_policy == ChainPolicy::Always;
+        view
     }
 
     /// Handles one datagram; returns the reply and where it goes.
@@ -117,7 +100,7 @@ impl DhcpServer {
             && self.chain.lock().expect("not poisoned").choose(
                 req.chaddr,
                 req.xid,
-                crate::store::now_ms(),
+                crate::clock::now_ms(),
             ) == Chain::Binary;
         let decision = {
             let mut leases = self
@@ -131,7 +114,7 @@ impl DhcpServer {
                 &self.settings,
                 leases.as_deref_mut(),
                 port,
-                crate::store::now_ms(),
+                crate::clock::now_ms(),
             )
         };
         let reply = match decision {
@@ -227,7 +210,7 @@ impl DhcpServer {
                 () = stop.cancelled() => true,
             };
             let (keep, gone) = leases.lock().expect("not poisoned").take_changes();
-            if let Err(e) = self.store.save_leases(&keep, &gone).await {
+            if let Err(e) = self.journal.save(&keep, &gone).await {
                 tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
                 let macs = keep.iter().map(|l| l.mac).chain(gone);
                 leases.lock().expect("not poisoned").requeue(macs);

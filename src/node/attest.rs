@@ -37,7 +37,7 @@ pub struct Received {
 impl Received {
     /// Sums a boot's downloads per blob.
     pub fn tally<'a>(
-        fetches: impl IntoIterator<Item = &'a crate::store::boots::Fetch>,
+        fetches: impl IntoIterator<Item = &'a crate::store::Fetch>,
     ) -> BTreeMap<Digest, Received> {
         let mut out: BTreeMap<Digest, Received> = BTreeMap::new();
         for f in fetches {

@@ -3,7 +3,7 @@
 
 use crate::api::Mac;
 use crate::node::state::{NodeEvent, TransitionError, transition};
-use crate::store::nodes::{CasOutcome, NewBoot, NodeRecord};
+use crate::store::{CasOutcome, NewBoot, NodeRecord};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]

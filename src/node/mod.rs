@@ -3,6 +3,7 @@
 
 pub mod attest;
 pub mod controller;
+pub mod directory;
 pub mod drift;
 pub mod policy;
 pub mod reimage;

@@ -3,12 +3,73 @@
 //! node) and `Idempotency-Key` (the same key gets the first answer again).
 
 use crate::api::Mac;
+use crate::api::NodeState;
 use crate::api::event::kind;
 use crate::api::node::ReimageAccepted;
 use crate::api::refs::ImageRef;
+use crate::node::state::{NodeEvent, transition};
 use crate::registry::{Registry, RegistryError};
 use crate::store::StoreError;
-use crate::store::nodes::{DisruptionBudget, ReimageOutcome};
+use crate::store::{NodeRecord, ReimageDecision, ReimageOutcome};
+
+/// The disruption budget as a rule: a node may start reimaging if the state machine
+/// allows it, fewer than `max_total` nodes are reimaging, and fewer than `max_per_group`
+/// of its group (its value of `group_label`). `reimaging` is every node reimaging now.
+pub fn decide(
+    node: &NodeRecord,
+    reimaging: &[NodeRecord],
+    budget: &DisruptionBudget,
+) -> ReimageDecision {
+    if node.state == NodeState::Reimaging {
+        return ReimageDecision::AlreadyReimaging;
+    }
+    let to = match transition(node.state, NodeEvent::ReimageRequested) {
+        Ok(to) => to,
+        Err(e) => return ReimageDecision::NotAllowed(e.to_string()),
+    };
+    let total = reimaging.len() as i64;
+    if total >= budget.max_total {
+        return ReimageDecision::OverBudget(format!(
+            "{total} nodes are reimaging, the most allowed at once is {}",
+            budget.max_total
+        ));
+    }
+    if let Some(key) = &budget.group_label
+        && let Some(group) = node.labels.get(key)
+    {
+        let in_group = reimaging
+            .iter()
+            .filter(|n| n.labels.get(key) == Some(group))
+            .count() as i64;
+        if in_group >= budget.max_per_group {
+            return ReimageDecision::OverBudget(format!(
+                "{in_group} nodes with {key}={group} are reimaging, the most allowed at once is {}",
+                budget.max_per_group
+            ));
+        }
+    }
+    ReimageDecision::Move(to)
+}
+
+/// How many nodes may be reimaging at once: overall, and per value of one label.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisruptionBudget {
+    pub max_total: i64,
+    /// The label that groups nodes (for example "rack"), and how many of one group at once.
+    pub group_label: Option<String>,
+    pub max_per_group: i64,
+}
+
+impl Default for DisruptionBudget {
+    fn default() -> Self {
+        Self {
+            max_total: 10,
+            group_label: Some("rack".into()),
+            max_per_group: 2,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct ReimageService {
@@ -68,20 +129,36 @@ impl ReimageService {
             None => None,
         };
         let reason = format!("reimage requested: {reason}");
-        let (node, outcome) = match store.request_reimage(mac, &reason, &self.budget).await? {
+        let rule =
+            |node: &NodeRecord, reimaging: &[NodeRecord]| decide(node, reimaging, &self.budget);
+        let (node, outcome) = match store.request_reimage(mac, &reason, &rule).await? {
             ReimageOutcome::Accepted(n) => (n, "accepted"),
-            ReimageOutcome::AlreadyReimaging(n) => (n, "already-reimaging"),
-            ReimageOutcome::OverBudget(why) => {
+            ReimageOutcome::Refused(ReimageDecision::AlreadyReimaging, n) => {
+                (n, "already-reimaging")
+            }
+            ReimageOutcome::Refused(ReimageDecision::OverBudget(why), _) => {
                 let data = crate::api::event::ReimageRefusedData {
                     reason: why.clone(),
                     request: reason.clone(),
                 };
                 store
-                    .record_event(kind::REIMAGE_REFUSED, Some(mac), &data)
+                    .record_event(
+                        kind::REIMAGE_REFUSED,
+                        Some(mac),
+                        &serde_json::to_value(&data).expect("event data serialises"),
+                    )
                     .await?;
                 return Err(ReimageError::OverBudget(why));
             }
-            ReimageOutcome::NotAllowed(e) => return Err(ReimageError::Conflict(e.to_string())),
+            ReimageOutcome::Refused(ReimageDecision::NotAllowed(why), _) => {
+                return Err(ReimageError::Conflict(why));
+            }
+            // The rule never refuses with Move; a store that says so wrote nothing.
+            ReimageOutcome::Refused(ReimageDecision::Move(_), _) => {
+                return Err(ReimageError::Conflict(
+                    "the reimage was not recorded".into(),
+                ));
+            }
             ReimageOutcome::UnknownNode => return Err(ReimageError::UnknownNode(*mac)),
         };
         let node = match image {

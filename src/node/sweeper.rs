@@ -23,7 +23,7 @@ pub async fn sweep(
     controller: &NodeController,
     policy: &LifecyclePolicy,
 ) -> Result<usize, crate::store::StoreError> {
-    let now = crate::store::now_ms();
+    let now = crate::clock::now_ms();
     let mut marked = 0;
     for (mac, state, seen) in store.last_seen().await? {
         if !policy.is_overdue(state, seen, now) {

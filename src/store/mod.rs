@@ -1,24 +1,20 @@
-//! The only module that speaks SQL: images, artifacts, tags and their history (here),
-//! nodes, their state history and boots (`nodes`). SQLite.
+//! Rows and queries, behind traits a second backend can implement: one trait per area
+//! (images, nodes, boots, events, webhooks, leases), `Backend` for all of them, and the
+//! row types they read and write. No rule lives here: what a row means is decided by the
+//! services above. `sqlite/` is the embedded implementation.
 
-pub mod boots;
-pub mod events;
-pub mod leases;
-pub mod node_cache;
-pub mod nodes;
+pub mod sqlite;
 
-use std::collections::HashSet;
-use std::path::Path;
-use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, HashSet};
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use async_trait::async_trait;
 
-use crate::api::Digest;
-use crate::api::image::{Artifact, Image, Role, Tag, TagMove};
+use crate::api::event::Event;
+use crate::api::image::{Artifact, Image, Tag, TagMove};
+use crate::api::node::{Bmc, Node, StateChange};
 use crate::api::refs::{ImageRef, TagName};
+use crate::api::{Digest, Mac, NodeState};
+pub use crate::clock::{format_ms, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -30,16 +26,126 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-#[derive(Clone, Debug)]
-pub struct Store {
-    pool: SqlitePool,
-    read_pool: SqlitePool,
-    /// Every write in this process queues here (see `write_gate`).
-    write_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
-    /// Bumped after every commit that wrote events (see `events`).
-    events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
-    /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
-    node_cache: std::sync::Arc<node_cache::NodeCache>,
+/// A bound DHCP lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub mac: Mac,
+    pub ip: std::net::Ipv4Addr,
+    pub expires_ms: i64,
+}
+
+/// A row of `nodes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub mac: Mac,
+    pub uuid: Option<String>,
+    pub hostname: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// What the admin assigned (digest, name:version or name:tag), resolved at boot time.
+    pub assigned: Option<String>,
+    pub state: NodeState,
+    pub state_reason: String,
+    pub version: i64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// How to reach the node's BMC; filled by the power-control work.
+    pub bmc: Option<Bmc>,
+}
+
+impl From<NodeRecord> for Node {
+    fn from(n: NodeRecord) -> Self {
+        Node {
+            mac: n.mac,
+            uuid: n.uuid,
+            hostname: n.hostname,
+            labels: n.labels,
+            assigned: n.assigned,
+            state: n.state,
+            state_reason: n.state_reason,
+            version: n.version,
+            created_at: n.created_at,
+            updated_at: n.updated_at,
+            bmc: n.bmc,
+        }
+    }
+}
+
+/// A boot to record with the state change that starts it; the token is stored only as
+/// its sha256.
+#[derive(Debug, Clone, Copy)]
+pub struct NewBoot<'a> {
+    pub id: &'a str,
+    pub image: &'a Digest,
+    pub token_sha256: &'a Digest,
+}
+
+/// The outcome of a compare-and-set state change.
+#[derive(Debug, PartialEq)]
+pub enum CasOutcome {
+    Done(Box<NodeRecord>),
+    /// Someone else changed the node since `version` was read.
+    Stale,
+}
+
+/// A boot as attestation needs it.
+#[derive(Debug, Clone)]
+pub struct BootForAttest {
+    pub mac: Mac,
+    pub image: Digest,
+    pub token_sha256: Digest,
+    pub created_at_ms: i64,
+    /// The node's newest boot: a token from an older one has expired.
+    pub latest: bool,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum ReimageOutcome {
+    Accepted(NodeRecord),
+    /// Nothing was written: what the decision said, with the node as it is.
+    Refused(ReimageDecision, NodeRecord),
+    UnknownNode,
+}
+
+/// What the node service's rule says of a reimage request (`NodeStore::request_reimage`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReimageDecision {
+    /// Move the node to this state.
+    Move(NodeState),
+    /// Already reimaging: nothing changes (requests are idempotent by node too).
+    AlreadyReimaging,
+    /// The disruption budget is spent, and why.
+    OverBudget(String),
+    /// The state machine does not allow it, and why.
+    NotAllowed(String),
+}
+
+/// The rule a reimage request obeys: given the node and every node reimaging now.
+pub type ReimageRule<'a> = dyn Fn(&NodeRecord, &[NodeRecord]) -> ReimageDecision + Send + Sync + 'a;
+
+/// One response that sent (part of) a blob for a boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    pub digest: Digest,
+    pub started_at_ms: i64,
+    /// None: the connection ended before the last byte.
+    pub finished_at_ms: Option<i64>,
+    pub bytes: u64,
+    /// The whole blob in one response (not a range).
+    pub whole: bool,
+}
+
+/// A boot with everything recorded about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BootFacts {
+    pub id: String,
+    pub image: Digest,
+    pub created_at_ms: i64,
+    pub attested_at_ms: Option<i64>,
+    pub verdict: Option<serde_json::Value>,
+    pub report: Option<serde_json::Value>,
+    pub validated_at_ms: Option<i64>,
+    pub validation: Option<serde_json::Value>,
+    pub fetches: Vec<Fetch>,
 }
 
 /// A new image to insert.
@@ -79,386 +185,175 @@ pub enum TagOutcome {
     },
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-pub fn format_ms(ms: i64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
-        .to_string()
-}
-
-fn parse_digest(s: &str) -> Result<Digest, StoreError> {
-    Digest::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-/// A write transaction holding its turn at the write gate until it ends.
-pub(crate) struct WriteTx {
-    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-    _gate: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl WriteTx {
-    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
-    }
-}
-
-impl std::ops::Deref for WriteTx {
-    type Target = sqlx::SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl std::ops::DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
-    }
-}
-
-impl Store {
-    /// Opens (creating) `path`, in WAL mode, and applies the embedded migrations.
-    pub async fn open(path: &Path) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // Image and tag writes are rare and must survive power loss.
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        // Readers that never wait for a connection held by a writer queued on the write
-        // lock (WAL lets them read alongside it); for the DHCP path.
-        let read_pool = SqlitePoolOptions::new()
-            .max_connections(2)
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(path)
-                    .read_only(true)
-                    .busy_timeout(Duration::from_secs(10)),
-            )
-            .await?;
-        Ok(Self {
-            pool,
-            read_pool,
-            write_gate: Default::default(),
-            events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
-            node_cache: Default::default(),
-        })
-    }
-
-    /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred
-    /// transaction that reads and then writes fails with SQLITE_BUSY, without waiting,
-    /// when another writer committed in between. Writers queue on `write_gate` first.
-    pub(crate) async fn write_tx(&self) -> Result<WriteTx, StoreError> {
-        let gate = self.write_gate().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx { tx, _gate: gate })
-    }
-
-    /// Our turn to write. SQLite's own wait for its write lock is a sleep of 1 to 100 ms
-    /// between tries, during which the lock often sits free: with a few writers at once
-    /// (a boot storm's boot records, attestations, validations) most of the time went to
-    /// those sleeps. Queued here, writers take the lock one after another, in order.
-    pub(crate) async fn write_gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.write_gate.clone().lock_owned().await
-    }
-
-    pub async fn close(&self) {
-        self.read_pool.close().await;
-        self.pool.close().await;
-    }
-
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
+/// Images, their artifacts, tags and tag history.
+#[async_trait]
+pub trait ImageStore: Send + Sync {
     /// Whether `img` could be inserted now, without inserting it.
-    pub async fn precheck(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        check_insert(&mut conn, img).await
-    }
-
-    pub async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let outcome = check_insert(&mut tx, img).await?;
-        if outcome != InsertOutcome::Inserted {
-            return Ok(outcome);
-        }
-        let canonical =
-            std::str::from_utf8(img.canonical).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        sqlx::query(
-            "INSERT INTO images (digest, name, version, manifest_toml, canonical, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(img.digest.to_string())
-        .bind(img.name)
-        .bind(img.version)
-        .bind(img.manifest_toml)
-        .bind(canonical)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-        for (position, a) in img.artifacts.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO image_artifacts (image_digest, position, role, path, blob_digest, size) VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(img.digest.to_string())
-            .bind(position as i64)
-            .bind(a.role.as_str())
-            .bind(&a.path)
-            .bind(a.digest.to_string())
-            .bind(a.size as i64)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(InsertOutcome::Inserted)
-    }
-
+    async fn precheck(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError>;
+    async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError>;
     /// Resolves a REF: a digest, else `name:version`, else `name:tag`.
-    pub async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
-        let found: Option<(String,)> = match r {
-            ImageRef::Digest(d) => {
-                sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
-                    .bind(d.to_string())
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            ImageRef::Named { name, label } => {
-                sqlx::query_as(
-                    "SELECT digest FROM images WHERE name = ?1 AND version = ?2
-                     UNION ALL
-                     SELECT image_digest FROM tags WHERE name = ?1 AND tag = ?2
-                     LIMIT 1",
-                )
-                .bind(name)
-                .bind(label)
-                .fetch_optional(&self.pool)
-                .await?
-            }
-        };
-        found.map(|(d,)| parse_digest(&d)).transpose()
-    }
-
-    pub async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError> {
-        let row: Option<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT digest, name, version, created_at_ms FROM images WHERE digest = ?",
-        )
-        .bind(digest.to_string())
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(row) => Ok(Some(self.record(row).await?)),
-            None => Ok(None),
-        }
-    }
-
-    pub async fn manifest_toml(&self, digest: &Digest) -> Result<Option<String>, StoreError> {
-        let row: Option<(String,)> =
-            sqlx::query_as("SELECT manifest_toml FROM images WHERE digest = ?")
-                .bind(digest.to_string())
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map(|(t,)| t))
-    }
-
-    pub async fn list_images(&self) -> Result<Vec<Image>, StoreError> {
-        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT digest, name, version, created_at_ms FROM images ORDER BY name, created_at_ms, version",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            out.push(self.record(row).await?);
-        }
-        Ok(out)
-    }
-
-    async fn record(
-        &self,
-        (digest, name, version, created): (String, String, String, i64),
-    ) -> Result<Image, StoreError> {
-        let artifacts: Vec<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = ? ORDER BY position",
-        )
-        .bind(&digest)
-        .fetch_all(&self.pool)
-        .await?;
-        let tags: Vec<(String, String)> =
-            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = ? ORDER BY tag")
-                .bind(&digest)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(Image {
-            digest: parse_digest(&digest)?,
-            name,
-            version,
-            created_at: format_ms(created),
-            artifacts: artifacts
-                .into_iter()
-                .map(|(role, path, d, size)| {
-                    Ok(Artifact {
-                        role: Role::parse(&role)
-                            .ok_or_else(|| StoreError::Corrupt(format!("role {role}")))?,
-                        path,
-                        digest: parse_digest(&d)?,
-                        size: size as u64,
-                    })
-                })
-                .collect::<Result<_, StoreError>>()?,
-            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
-        })
-    }
-
+    async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError>;
+    async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError>;
+    async fn manifest_toml(&self, digest: &Digest) -> Result<Option<String>, StoreError>;
+    async fn list_images(&self) -> Result<Vec<Image>, StoreError>;
     /// Points `tag` at `digest`, recording the move. Idempotent.
-    pub async fn set_tag(
+    async fn set_tag(
         &self,
         tag: &TagName,
         digest: &Digest,
         actor: &str,
-    ) -> Result<TagOutcome, StoreError> {
-        let mut tx = self.write_tx().await?;
-        let image_name: Option<(String,)> =
-            sqlx::query_as("SELECT name FROM images WHERE digest = ?")
-                .bind(digest.to_string())
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((image_name,)) = image_name else {
-            return Err(StoreError::Corrupt(format!(
-                "tagging unknown image {digest}"
-            )));
-        };
-        if image_name != tag.name {
-            return Ok(TagOutcome::NameMismatch { image_name });
-        }
-        let version_clash: Option<(i64,)> =
-            sqlx::query_as("SELECT 1 FROM images WHERE name = ? AND version = ?")
-                .bind(&tag.name)
-                .bind(&tag.tag)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if version_clash.is_some() {
-            return Ok(TagOutcome::ClashesWithVersion);
-        }
-        let current: Option<(String,)> =
-            sqlx::query_as("SELECT image_digest FROM tags WHERE name = ? AND tag = ?")
-                .bind(&tag.name)
-                .bind(&tag.tag)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let from = current.map(|(d,)| parse_digest(&d)).transpose()?;
-        if from == Some(*digest) {
-            return Ok(TagOutcome::Unchanged);
-        }
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO tags (name, tag, image_digest, updated_at_ms) VALUES (?, ?, ?, ?)
-             ON CONFLICT (name, tag) DO UPDATE SET image_digest = excluded.image_digest, updated_at_ms = excluded.updated_at_ms",
-        )
-        .bind(&tag.name)
-        .bind(&tag.tag)
-        .bind(digest.to_string())
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO tag_history (name, tag, from_digest, to_digest, actor, at_ms) VALUES (?, ?, ?, ?, ?, ?)")
-            .bind(&tag.name)
-            .bind(&tag.tag)
-            .bind(from.map(|d| d.to_string()))
-            .bind(digest.to_string())
-            .bind(actor)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(TagOutcome::Moved { from })
-    }
-
-    pub async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, StoreError> {
-        let rows: Vec<(Option<String>, String, String, i64)> = sqlx::query_as(
-            "SELECT from_digest, to_digest, actor, at_ms FROM tag_history WHERE name = ? AND tag = ? ORDER BY id",
-        )
-        .bind(&tag.name)
-        .bind(&tag.tag)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(from, to, actor, at)| {
-                Ok(TagMove {
-                    tag: tag.to_string(),
-                    from: from.as_deref().map(parse_digest).transpose()?,
-                    to: parse_digest(&to)?,
-                    actor,
-                    at: format_ms(at),
-                })
-            })
-            .collect()
-    }
-
-    pub async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
-        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name, tag",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(name, tag, d, at)| {
-                Ok(Tag {
-                    tag: format!("{name}:{tag}"),
-                    digest: parse_digest(&d)?,
-                    updated_at: format_ms(at),
-                })
-            })
-            .collect()
-    }
-
+    ) -> Result<TagOutcome, StoreError>;
+    async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, StoreError>;
+    async fn list_tags(&self) -> Result<Vec<Tag>, StoreError>;
     /// Every blob digest that some image needs.
-    pub async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError> {
-        let rows: Vec<(String,)> =
-            sqlx::query_as("SELECT DISTINCT blob_digest FROM image_artifacts")
-                .fetch_all(&self.pool)
-                .await?;
-        rows.into_iter().map(|(d,)| parse_digest(&d)).collect()
-    }
+    async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError>;
 }
 
-/// The checks an insert makes; `Inserted` means "nothing stands in the way".
-async fn check_insert(
-    conn: &mut sqlx::SqliteConnection,
-    img: &NewImage<'_>,
-) -> Result<InsertOutcome, StoreError> {
-    let existing: Option<(String,)> =
-        sqlx::query_as("SELECT digest FROM images WHERE name = ? AND version = ?")
-            .bind(img.name)
-            .bind(img.version)
-            .fetch_optional(&mut *conn)
-            .await?;
-    if let Some((digest,)) = existing {
-        let existing = parse_digest(&digest)?;
-        return Ok(if existing == img.digest {
-            InsertOutcome::AlreadyPresent
-        } else {
-            InsertOutcome::VersionTaken { existing }
-        });
-    }
-    let tag_clash: Option<(i64,)> = sqlx::query_as("SELECT 1 FROM tags WHERE name = ? AND tag = ?")
-        .bind(img.name)
-        .bind(img.version)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if tag_clash.is_some() {
-        return Ok(InsertOutcome::ClashesWithTag);
-    }
-    Ok(InsertOutcome::Inserted)
+/// Nodes, their state history, revalidation requests, heartbeats, reimage requests.
+#[async_trait]
+pub trait NodeStore: Send + Sync {
+    async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError>;
+    /// `node`, from memory when no write to it committed since it was last read: the
+    /// DHCP server's lookup, one per packet, which must not queue behind writers.
+    /// A miss reads on the read-only pool, which writers never hold.
+    async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError>;
+    /// Reads every node into the DHCP cache (at DHCP start: the first packets of a
+    /// power-on then find their nodes in memory). Returns how many.
+    async fn warm_node_cache(&self) -> Result<usize, StoreError>;
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+    /// Records `mac` as discovered unless known; returns the node and whether it is new.
+    async fn discover(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+        reason: &str,
+    ) -> Result<(NodeRecord, bool), StoreError>;
+    /// Sets what `mac` boots; the node is recorded first if it was unknown.
+    async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError>;
+    /// Sets and removes labels in one write; None if the node is unknown.
+    async fn label(
+        &self,
+        mac: &Mac,
+        set: &BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<Option<NodeRecord>, StoreError>;
+    /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
+    /// in the same transaction when given (one commit, one fsync, per boot).
+    async fn set_state(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        to: NodeState,
+        reason: &str,
+        boot: Option<&NewBoot<'_>>,
+    ) -> Result<CasOutcome, StoreError>;
+    async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError>;
+    /// Reads the node and every node reimaging now, asks `rule`, and writes what it
+    /// decides (state, history, event), all in one write transaction, so two concurrent
+    /// requests cannot both take the last slot of the disruption budget.
+    async fn request_reimage(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        rule: &ReimageRule<'_>,
+    ) -> Result<ReimageOutcome, StoreError>;
+    /// The stored answer to an Idempotency-Key, if it was seen before.
+    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError>;
+    async fn save_idempotent_response(
+        &self,
+        key: &str,
+        mac: &Mac,
+        response: &str,
+    ) -> Result<(), StoreError>;
+    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError>;
+    /// Asks for revalidation; false when the node is unknown.
+    async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
+    /// Clears a pending revalidation request; true if there was one (answered once).
+    async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
+    /// Nodes and when we last heard from them: the later of their last heartbeat and
+    /// their last state change (a new boot must not inherit an old boot's silence).
+    async fn last_seen(&self) -> Result<Vec<(Mac, NodeState, i64)>, StoreError>;
 }
+
+/// Boots: records with token hashes, attested reports, verdicts, blob fetches.
+#[async_trait]
+pub trait BootStore: Send + Sync {
+    async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError>;
+    /// Stores the verdict and report of boot `id`; false if it was attested before (a
+    /// replay).
+    async fn record_attestation(
+        &self,
+        id: &str,
+        verdict_json: &str,
+        report_json: &str,
+    ) -> Result<bool, StoreError>;
+    /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
+    /// with a made-up boot id writes nothing.
+    /// Records `fetches` in one transaction, one fsync for the lot: a boot storm's
+    /// thousands of downloads, written one transaction each, kept attestation waiting
+    /// seconds for the writer (measured with the boot-storm simulator). A fetch for a boot
+    /// that does not exist is skipped; returns how many were recorded.
+    async fn record_fetches(&self, fetches: &[(String, Fetch)]) -> Result<usize, StoreError>;
+    async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError>;
+    /// The node's last `limit` boots, newest first, with their fetches.
+    async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError>;
+    /// One boot's facts, by id.
+    async fn boot_by_id(&self, id: &str) -> Result<Option<BootFacts>, StoreError>;
+    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
+    async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError>;
+    /// How many times the node failed validation since it was last ready (or ever).
+    async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError>;
+}
+
+/// The event log, in commit order; readers are woken after each commit that wrote events.
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Records one event on its own (a refusal: nothing else is written with it).
+    async fn record_event(
+        &self,
+        kind: &str,
+        mac: Option<&Mac>,
+        data: &serde_json::Value,
+    ) -> Result<(), StoreError>;
+    /// Events after `since`, oldest first, at most `limit`; only `mac`'s when given.
+    async fn events_since(
+        &self,
+        since: i64,
+        limit: i64,
+        mac: Option<&Mac>,
+    ) -> Result<Vec<Event>, StoreError>;
+    /// The newest event's seq (0 when there is none).
+    async fn events_head(&self) -> Result<i64, StoreError>;
+    /// Changes whenever this process commits events. Other servers sharing the database
+    /// are not seen here: readers also poll.
+    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// How far each webhook has been delivered.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    async fn webhook_cursor(&self, url: &str) -> Result<Option<i64>, StoreError>;
+    async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError>;
+}
+
+/// Bound DHCP leases, saved in batches.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    async fn load_leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
+    /// Writes a batch of lease changes in one transaction.
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError>;
+}
+
+/// A whole store: every area, behind one handle the services share. SQLite is one
+/// implementation (`sqlite`); a second backend implements the same traits.
+#[async_trait]
+pub trait Backend:
+    ImageStore + NodeStore + BootStore + EventStore + WebhookStore + LeaseStore
+{
+    async fn close(&self);
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// The store as the services hold it.
+pub type Store = std::sync::Arc<dyn Backend>;

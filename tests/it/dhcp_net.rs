@@ -361,7 +361,7 @@ async fn authoritative_mode_serves_udhcpc_perfdhcp_and_pxe_clients() {
     server
         .publish_query(good_bundle("demo", "1", b"k"), "?tag=demo:stable")
         .await;
-    let db = bootfleet::store::Store::open(&server.data.path().join("bootfleet.db"))
+    let db = bootfleet::store::sqlite::open(&server.data.path().join("bootfleet.db"))
         .await
         .unwrap();
 
@@ -497,7 +497,9 @@ async fn authoritative_mode_serves_udhcpc_perfdhcp_and_pxe_clients() {
 /// address from a fresh lease table.
 #[tokio::test]
 async fn leases_survive_a_restart() {
+    use bootfleet::dhcp::directory::LeaseJournal;
     use bootfleet::dhcp::leases::Leases;
+    use bootfleet::server::StoreLeases;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bootfleet.db");
     let pool = PoolConfig {
@@ -507,18 +509,19 @@ async fn leases_survive_a_restart() {
         lease_secs: 600,
     };
     let mac = [0x52, 0x54, 0, 1, 2, 3];
-    let store = bootfleet::store::Store::open(&path).await.unwrap();
+    let store = bootfleet::store::sqlite::open(&path).await.unwrap();
     let mut leases = Leases::new(&pool).unwrap();
     leases.offer(&[0x52, 0x54, 0, 9, 9, 9], None, 0); // takes .10, never bound
     let ip = leases.offer(&mac, None, 0).unwrap();
     leases.bind(&mac, ip, 0).unwrap();
     let (keep, gone) = leases.take_changes();
-    store.save_leases(&keep, &gone).await.unwrap();
-    store.close().await;
+    let journal = StoreLeases(store);
+    journal.save(&keep, &gone).await.unwrap();
+    journal.0.close().await;
 
-    let store = bootfleet::store::Store::open(&path).await.unwrap();
+    let store = bootfleet::store::sqlite::open(&path).await.unwrap();
     let mut fresh = Leases::new(&pool).unwrap();
-    fresh.load(store.load_leases().await.unwrap());
+    fresh.load(StoreLeases(store.clone()).load().await.unwrap());
     assert_eq!(fresh.lease(&mac).map(|l| l.ip), Some(ip));
     assert_eq!(fresh.offer(&mac, None, 1000), Some(ip));
     assert_eq!(

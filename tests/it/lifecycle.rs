@@ -536,7 +536,7 @@ async fn every_gpu_fault_fixture_is_named_and_none_is_ready() {
 
 #[tokio::test]
 async fn refused_reports_and_reimages_are_events() {
-    use bootfleet::store::nodes::DisruptionBudget;
+    use bootfleet::node::reimage::DisruptionBudget;
     let server = TestServer::start_configured(|cfg| {
         cfg.budget = DisruptionBudget {
             max_total: 1,

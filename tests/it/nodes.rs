@@ -178,9 +178,9 @@ async fn bad_boot_requests_and_labels_are_refused_with_reasons() {
 #[tokio::test]
 async fn concurrent_state_changes_one_wins_one_is_told() {
     use bootfleet::api::NodeState;
-    use bootfleet::store::nodes::CasOutcome;
+    use bootfleet::store::CasOutcome;
     let dir = tempfile::tempdir().unwrap();
-    let store = bootfleet::store::Store::open(&dir.path().join("db"))
+    let store = bootfleet::store::sqlite::open(&dir.path().join("db"))
         .await
         .unwrap();
     let mac = MAC.parse().unwrap();
@@ -225,9 +225,9 @@ async fn concurrent_state_changes_one_wins_one_is_told() {
 #[tokio::test]
 async fn the_dhcp_node_cache_sees_every_write() {
     use bootfleet::api::NodeState;
-    use bootfleet::store::nodes::CasOutcome;
+    use bootfleet::store::CasOutcome;
     let dir = tempfile::tempdir().unwrap();
-    let store = bootfleet::store::Store::open(&dir.path().join("db"))
+    let store = bootfleet::store::sqlite::open(&dir.path().join("db"))
         .await
         .unwrap();
     let mac = MAC.parse().unwrap();
@@ -370,7 +370,7 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
 /// the heartbeat that tells the node to reboot.
 #[tokio::test]
 async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
-    use bootfleet::store::nodes::DisruptionBudget;
+    use bootfleet::node::reimage::DisruptionBudget;
     let server = TestServer::start_configured(|cfg| {
         cfg.budget = DisruptionBudget {
             max_total: 2,

@@ -1,38 +1,11 @@
 //! SQL for what happens within a boot: artifact fetches attributed to it, the attested
 //! report, the validation verdict, and what the timeline and drift checks read back.
 
-use serde::{Deserialize, Serialize};
+use async_trait::async_trait;
 
-use super::{Store, StoreError, now_ms, parse_digest};
-use crate::api::Digest;
+use super::{SqliteStore, parse_digest};
 use crate::api::Mac;
-use crate::api::NodeState;
-
-/// One response that sent (part of) a blob for a boot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fetch {
-    pub digest: Digest,
-    pub started_at_ms: i64,
-    /// None: the connection ended before the last byte.
-    pub finished_at_ms: Option<i64>,
-    pub bytes: u64,
-    /// The whole blob in one response (not a range).
-    pub whole: bool,
-}
-
-/// A boot with everything recorded about it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BootFacts {
-    pub id: String,
-    pub image: Digest,
-    pub created_at_ms: i64,
-    pub attested_at_ms: Option<i64>,
-    pub verdict: Option<serde_json::Value>,
-    pub report: Option<serde_json::Value>,
-    pub validated_at_ms: Option<i64>,
-    pub validation: Option<serde_json::Value>,
-    pub fetches: Vec<Fetch>,
-}
+use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError, now_ms};
 
 type BootRow = (
     String,
@@ -61,14 +34,57 @@ fn json(column: &str, text: Option<String>) -> Result<Option<serde_json::Value>,
         .map_err(|e| StoreError::Corrupt(format!("boots.{column}: {e}")))
 }
 
-impl Store {
+#[async_trait]
+impl BootStore for SqliteStore {
+    async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
+        let row: Option<(String, String, String, i64, String)> = sqlx::query_as(
+            "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
+                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1)
+             FROM boots b WHERE b.id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(mac, image, token, at, latest)| {
+            Ok(BootForAttest {
+                mac: mac
+                    .parse()
+                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
+                image: parse_digest(&image)?,
+                token_sha256: parse_digest(&token)?,
+                created_at_ms: at,
+                latest: latest == id,
+            })
+        })
+        .transpose()
+    }
+    /// Stores the verdict and report of boot `id`; false if it was attested before (a
+    /// replay).
+    async fn record_attestation(
+        &self,
+        id: &str,
+        verdict_json: &str,
+        report_json: &str,
+    ) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
+            .bind(now_ms())
+            .bind(verdict_json)
+            .bind(report_json)
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(changed == 1)
+    }
     /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
     /// with a made-up boot id writes nothing.
     /// Records `fetches` in one transaction, one fsync for the lot: a boot storm's
     /// thousands of downloads, written one transaction each, kept attestation waiting
     /// seconds for the writer (measured with the boot-storm simulator). A fetch for a boot
     /// that does not exist is skipped; returns how many were recorded.
-    pub async fn record_fetches(&self, fetches: &[(String, Fetch)]) -> Result<usize, StoreError> {
+    async fn record_fetches(&self, fetches: &[(String, Fetch)]) -> Result<usize, StoreError> {
         let mut tx = self.write_tx().await?;
         let mut recorded = 0;
         for (boot_id, fetch) in fetches {
@@ -90,8 +106,7 @@ impl Store {
         tx.commit().await?;
         Ok(recorded)
     }
-
-    pub async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
+    async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
         let rows: Vec<(String, i64, Option<i64>, i64, bool)> = sqlx::query_as(
             "SELECT digest, started_at_ms, finished_at_ms, bytes, whole FROM boot_fetches WHERE boot_id = ? ORDER BY id",
         )
@@ -110,9 +125,8 @@ impl Store {
             })
             .collect()
     }
-
     /// The node's last `limit` boots, newest first, with their fetches.
-    pub async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
+    async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
         let rows: Vec<BootRow> = sqlx::query_as(select_boots!(
             "WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT ?"
         ))
@@ -126,9 +140,8 @@ impl Store {
         }
         Ok(out)
     }
-
     /// One boot's facts, by id.
-    pub async fn boot_by_id(&self, id: &str) -> Result<Option<BootFacts>, StoreError> {
+    async fn boot_by_id(&self, id: &str) -> Result<Option<BootFacts>, StoreError> {
         let row: Option<BootRow> = sqlx::query_as(select_boots!("WHERE id = ?"))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -138,7 +151,32 @@ impl Store {
             None => Ok(None),
         }
     }
-
+    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
+    async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
+            .bind(now_ms())
+            .bind(verdict_json)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+    /// How many times the node failed validation since it was last ready (or ever).
+    async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM node_history WHERE mac = ? AND to_state = 'validation-failed'
+             AND id > COALESCE((SELECT MAX(id) FROM node_history WHERE mac = ? AND to_state = 'ready'), 0)",
+        )
+        .bind(mac.to_string())
+        .bind(mac.to_string())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n.max(0) as u32)
+    }
+}
+impl SqliteStore {
     async fn facts_from_row(&self, row: BootRow) -> Result<BootFacts, StoreError> {
         let (id, image, created, attested, verdict, report, validated, validation) = row;
         Ok(BootFacts {
@@ -152,79 +190,5 @@ impl Store {
             fetches: self.fetches(&id).await?,
             id,
         })
-    }
-
-    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
-    pub async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
-            .bind(now_ms())
-            .bind(verdict_json)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    /// How many times the node failed validation since it was last ready (or ever).
-    pub async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError> {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM node_history WHERE mac = ? AND to_state = 'validation-failed'
-             AND id > COALESCE((SELECT MAX(id) FROM node_history WHERE mac = ? AND to_state = 'ready'), 0)",
-        )
-        .bind(mac.to_string())
-        .bind(mac.to_string())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(n.max(0) as u32)
-    }
-
-    /// Asks for revalidation; false when the node is unknown.
-    pub async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")
-            .bind(mac.to_string())
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok(n == 1)
-    }
-
-    /// Clears a pending revalidation request; true if there was one (answered once).
-    pub async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        let n = sqlx::query(
-            "UPDATE nodes SET revalidate_requested = 0 WHERE mac = ? AND revalidate_requested = 1",
-        )
-        .bind(mac.to_string())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(n == 1)
-    }
-
-    /// Nodes and when we last heard from them: the later of their last heartbeat and
-    /// their last state change (a new boot must not inherit an old boot's silence).
-    pub async fn last_seen(&self) -> Result<Vec<(Mac, NodeState, i64)>, StoreError> {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT mac, state, MAX(COALESCE(last_heartbeat_ms, 0), updated_at_ms) FROM nodes
-             WHERE state NOT IN ('discovered', 'unreachable', 'quarantined')",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(mac, state, seen)| {
-                Ok((
-                    mac.parse()
-                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
-                    NodeState::parse(&state)
-                        .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
-                    seen,
-                ))
-            })
-            .collect()
     }
 }

@@ -2,9 +2,12 @@
 //! written in the transaction of what they report, so the log never misses a transition
 //! and never shows one that was rolled back.
 
-use super::{Store, StoreError, format_ms, now_ms};
+use async_trait::async_trait;
+
+use super::SqliteStore;
 use crate::api::Mac;
 use crate::api::event::Event;
+use crate::store::{EventStore, StoreError, WebhookStore, format_ms, now_ms};
 
 pub(crate) async fn insert_event(
     conn: &mut sqlx::SqliteConnection,
@@ -42,13 +45,14 @@ fn event_from_row((seq, at, kind, mac, data): EventRow) -> Result<Event, StoreEr
     })
 }
 
-impl Store {
+#[async_trait]
+impl EventStore for SqliteStore {
     /// Records one event on its own (a refusal: nothing else is written with it).
-    pub async fn record_event(
+    async fn record_event(
         &self,
         kind: &str,
         mac: Option<&Mac>,
-        data: &(impl serde::Serialize + Sync),
+        data: &serde_json::Value,
     ) -> Result<(), StoreError> {
         let _gate = self.write_gate().await;
         let mut conn = self.pool.acquire().await?;
@@ -56,9 +60,8 @@ impl Store {
         self.notify_events();
         Ok(())
     }
-
     /// Events after `since`, oldest first, at most `limit`; only `mac`'s when given.
-    pub async fn events_since(
+    async fn events_since(
         &self,
         since: i64,
         limit: i64,
@@ -83,24 +86,29 @@ impl Store {
         };
         rows.into_iter().map(event_from_row).collect()
     }
-
     /// The newest event's seq (0 when there is none).
-    pub async fn events_head(&self) -> Result<i64, StoreError> {
+    async fn events_head(&self) -> Result<i64, StoreError> {
         let (head,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM events")
             .fetch_one(&self.pool)
             .await?;
         Ok(head.unwrap_or(0))
     }
-
-    pub async fn webhook_cursor(&self, url: &str) -> Result<Option<i64>, StoreError> {
+    /// Changes whenever this process commits events. Other servers sharing the database
+    /// are not seen here: readers also poll.
+    fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.events_written.subscribe()
+    }
+}
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn webhook_cursor(&self, url: &str) -> Result<Option<i64>, StoreError> {
         let row: Option<(i64,)> = sqlx::query_as("SELECT seq FROM webhook_cursors WHERE url = ?")
             .bind(url)
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|r| r.0))
     }
-
-    pub async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError> {
+    async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError> {
         // Autocommit writes queue at the gate too (Store::write_gate).
         let _gate = self.write_gate().await;
         sqlx::query(
@@ -113,15 +121,10 @@ impl Store {
         .await?;
         Ok(())
     }
-
+}
+impl SqliteStore {
     /// Wakes SSE streams and webhook senders; call after committing events.
     pub(crate) fn notify_events(&self) {
         self.events_written.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    /// Changes whenever this process commits events. Other servers sharing the database
-    /// are not seen here: readers also poll.
-    pub fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.events_written.subscribe()
     }
 }

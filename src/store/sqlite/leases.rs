@@ -2,12 +2,15 @@
 
 use std::net::Ipv4Addr;
 
-use super::{Store, StoreError};
-use crate::api::Mac;
-use crate::dhcp::leases::{HwAddr, Lease};
+use async_trait::async_trait;
 
-impl Store {
-    pub async fn load_leases(&self) -> Result<Vec<Lease>, StoreError> {
+use super::SqliteStore;
+use crate::api::Mac;
+use crate::store::{LeaseRow, LeaseStore, StoreError};
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn load_leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
         let rows: Vec<(String, String, i64)> =
             sqlx::query_as("SELECT mac, ip, expires_ms FROM dhcp_leases")
                 .fetch_all(&self.pool)
@@ -20,18 +23,17 @@ impl Store {
                 let ip: Ipv4Addr = ip
                     .parse()
                     .map_err(|_| StoreError::Corrupt(format!("lease address {ip:?}")))?;
-                Ok(Lease {
-                    mac: mac.octets(),
+                Ok(LeaseRow {
+                    mac,
                     ip,
                     expires_ms: expires,
-                    bound: true,
                 })
             })
             .collect()
     }
 
     /// Writes a batch of lease changes in one transaction.
-    pub async fn save_leases(&self, keep: &[Lease], gone: &[HwAddr]) -> Result<(), StoreError> {
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError> {
         if keep.is_empty() && gone.is_empty() {
             return Ok(());
         }
@@ -41,7 +43,7 @@ impl Store {
                 "INSERT INTO dhcp_leases (mac, ip, expires_ms) VALUES (?, ?, ?)
                  ON CONFLICT (mac) DO UPDATE SET ip = excluded.ip, expires_ms = excluded.expires_ms",
             )
-            .bind(Mac::from(l.mac).to_string())
+            .bind(l.mac.to_string())
             .bind(l.ip.to_string())
             .bind(l.expires_ms)
             .execute(&mut *tx)
@@ -49,7 +51,7 @@ impl Store {
         }
         for mac in gone {
             sqlx::query("DELETE FROM dhcp_leases WHERE mac = ?")
-                .bind(Mac::from(*mac).to_string())
+                .bind(mac.to_string())
                 .execute(&mut *tx)
                 .await?;
         }

@@ -3,64 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use super::{Store, StoreError, format_ms, now_ms, parse_digest};
-use crate::api::Digest;
-use crate::api::Mac;
-use crate::api::NodeState;
-use crate::api::node::{Bmc, Node, StateChange};
+use async_trait::async_trait;
 
-/// A row of `nodes`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeRecord {
-    pub mac: Mac,
-    pub uuid: Option<String>,
-    pub hostname: Option<String>,
-    pub labels: BTreeMap<String, String>,
-    /// What the admin assigned (digest, name:version or name:tag), resolved at boot time.
-    pub assigned: Option<String>,
-    pub state: NodeState,
-    pub state_reason: String,
-    pub version: i64,
-    pub created_at: String,
-    pub updated_at: String,
-    /// How to reach the node's BMC; filled by the power-control work.
-    pub bmc: Option<Bmc>,
-}
-
-impl From<NodeRecord> for Node {
-    fn from(n: NodeRecord) -> Self {
-        Node {
-            mac: n.mac,
-            uuid: n.uuid,
-            hostname: n.hostname,
-            labels: n.labels,
-            assigned: n.assigned,
-            state: n.state,
-            state_reason: n.state_reason,
-            version: n.version,
-            created_at: n.created_at,
-            updated_at: n.updated_at,
-            bmc: n.bmc,
-        }
-    }
-}
-
-/// A boot to record with the state change that starts it; the token is stored only as
-/// its sha256.
-#[derive(Debug, Clone, Copy)]
-pub struct NewBoot<'a> {
-    pub id: &'a str,
-    pub image: &'a Digest,
-    pub token_sha256: &'a Digest,
-}
-
-/// The outcome of a compare-and-set state change.
-#[derive(Debug, PartialEq)]
-pub enum CasOutcome {
-    Done(Box<NodeRecord>),
-    /// Someone else changed the node since `version` was read.
-    Stale,
-}
+use super::SqliteStore;
+use crate::api::node::StateChange;
+use crate::api::{Mac, NodeState};
+use crate::store::{
+    CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome, ReimageRule,
+    StoreError, format_ms, now_ms,
+};
 
 type NodeRow = (
     String,
@@ -151,24 +102,23 @@ async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord
     row.map(node_from_row).transpose()
 }
 
-impl Store {
-    pub async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+#[async_trait]
+impl NodeStore for SqliteStore {
+    async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         node_on(&self.pool, mac).await
     }
-
     /// `node`, from memory when no write to it committed since it was last read: the
     /// DHCP server's lookup, one per packet, which must not queue behind writers.
     /// A miss reads on the read-only pool, which writers never hold.
-    pub async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+    async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         match self.node_cache.get(mac) {
             Some(node) => Ok(Some(node)),
             None => self.read_into_cache(&self.read_pool, mac).await,
         }
     }
-
     /// Reads every node into the DHCP cache (at DHCP start: the first packets of a
     /// power-on then find their nodes in memory). Returns how many.
-    pub async fn warm_node_cache(&self) -> Result<usize, StoreError> {
+    async fn warm_node_cache(&self) -> Result<usize, StoreError> {
         let epoch = self.node_cache.epoch();
         let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
             .fetch_all(&self.read_pool)
@@ -179,37 +129,14 @@ impl Store {
         }
         Ok(n)
     }
-
-    /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held:
-    /// the cache stays warm through a storm's state changes.
-    async fn node_after_write(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
-        self.node_cache.invalidate(mac);
-        self.read_into_cache(&self.pool, mac).await
-    }
-
-    /// Reads `mac` on `pool` and keeps it in the DHCP cache unless a write raced the read.
-    async fn read_into_cache(
-        &self,
-        pool: &sqlx::SqlitePool,
-        mac: &Mac,
-    ) -> Result<Option<NodeRecord>, StoreError> {
-        let epoch = self.node_cache.epoch();
-        let node = node_on(pool, mac).await?;
-        if let Some(node) = &node {
-            self.node_cache.fill(epoch, node);
-        }
-        Ok(node)
-    }
-
-    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
             .fetch_all(&self.pool)
             .await?;
         rows.into_iter().map(node_from_row).collect()
     }
-
     /// Records `mac` as discovered unless known; returns the node and whether it is new.
-    pub async fn discover(
+    async fn discover(
         &self,
         mac: &Mac,
         uuid: Option<&str>,
@@ -252,9 +179,8 @@ impl Store {
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok((node, inserted))
     }
-
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
-    pub async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
+    async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;
         // Autocommit writes queue at the gate too (Store::write_gate).
         let _gate = self.write_gate().await;
@@ -268,9 +194,8 @@ impl Store {
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
     }
-
     /// Sets and removes labels in one write; None if the node is unknown.
-    pub async fn label(
+    async fn label(
         &self,
         mac: &Mac,
         set: &BTreeMap<String, String>,
@@ -301,10 +226,9 @@ impl Store {
         tx.commit().await?;
         self.node_after_write(mac).await
     }
-
     /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
     /// in the same transaction when given (one commit, one fsync, per boot).
-    pub async fn set_state(
+    async fn set_state(
         &self,
         mac: &Mac,
         version: i64,
@@ -349,8 +273,7 @@ impl Store {
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(CasOutcome::Done(Box::new(node)))
     }
-
-    pub async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
+    async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<(Option<String>, String, String, i64)> =
             sqlx::query_as("SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = ? ORDER BY id")
                 .bind(mac.to_string())
@@ -370,105 +293,14 @@ impl Store {
             })
             .collect()
     }
-}
-
-/// A boot as attestation needs it.
-#[derive(Debug, Clone)]
-pub struct BootForAttest {
-    pub mac: Mac,
-    pub image: Digest,
-    pub token_sha256: Digest,
-    pub created_at_ms: i64,
-    /// The node's newest boot: a token from an older one has expired.
-    pub latest: bool,
-}
-
-impl Store {
-    pub async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
-        let row: Option<(String, String, String, i64, String)> = sqlx::query_as(
-            "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
-                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1)
-             FROM boots b WHERE b.id = ?",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|(mac, image, token, at, latest)| {
-            Ok(BootForAttest {
-                mac: mac
-                    .parse()
-                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
-                image: parse_digest(&image)?,
-                token_sha256: parse_digest(&token)?,
-                created_at_ms: at,
-                latest: latest == id,
-            })
-        })
-        .transpose()
-    }
-
-    /// Stores the verdict and report of boot `id`; false if it was attested before (a
-    /// replay).
-    pub async fn record_attestation(
-        &self,
-        id: &str,
-        verdict_json: &str,
-        report_json: &str,
-    ) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
-            .bind(now_ms())
-            .bind(verdict_json)
-            .bind(report_json)
-            .bind(id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok(changed == 1)
-    }
-}
-
-/// How many nodes may be reimaging at once: overall, and per value of one label.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DisruptionBudget {
-    pub max_total: i64,
-    /// The label that groups nodes (for example "rack"), and how many of one group at once.
-    pub group_label: Option<String>,
-    pub max_per_group: i64,
-}
-
-impl Default for DisruptionBudget {
-    fn default() -> Self {
-        Self {
-            max_total: 10,
-            group_label: Some("rack".into()),
-            max_per_group: 2,
-        }
-    }
-}
-
-#[derive(Debug, PartialEq)]
-pub enum ReimageOutcome {
-    Accepted(NodeRecord),
-    /// Already reimaging: nothing changed (requests are idempotent by node too).
-    AlreadyReimaging(NodeRecord),
-    OverBudget(String),
-    NotAllowed(crate::node::state::TransitionError),
-    UnknownNode,
-}
-
-impl Store {
     /// Checks the budget and moves the node to reimaging in one write transaction, so two
     /// concurrent requests cannot both take the last slot.
-    pub async fn request_reimage(
+    async fn request_reimage(
         &self,
         mac: &Mac,
         reason: &str,
-        budget: &DisruptionBudget,
+        rule: &ReimageRule<'_>,
     ) -> Result<ReimageOutcome, StoreError> {
-        use crate::node::state::{NodeEvent, transition};
         let mut tx = self.write_tx().await?;
         let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
             .bind(mac.to_string())
@@ -477,40 +309,18 @@ impl Store {
         let Some(node) = row.map(node_from_row).transpose()? else {
             return Ok(ReimageOutcome::UnknownNode);
         };
-        if node.state == NodeState::Reimaging {
-            return Ok(ReimageOutcome::AlreadyReimaging(node));
-        }
-        let to = match transition(node.state, NodeEvent::ReimageRequested) {
-            Ok(to) => to,
-            Err(e) => return Ok(ReimageOutcome::NotAllowed(e)),
-        };
-        let (total,): (i64,) =
-            sqlx::query_as("SELECT COUNT(*) FROM nodes WHERE state = 'reimaging'")
-                .fetch_one(&mut *tx)
-                .await?;
-        if total >= budget.max_total {
-            return Ok(ReimageOutcome::OverBudget(format!(
-                "{total} nodes are reimaging, the most allowed at once is {}",
-                budget.max_total
-            )));
-        }
-        if let Some(key) = &budget.group_label
-            && let Some(group) = node.labels.get(key)
-        {
-            let (in_group,): (i64,) = sqlx::query_as(
-                "SELECT COUNT(*) FROM nodes WHERE state = 'reimaging' AND json_extract(labels, '$.' || ?) = ?",
-            )
-            .bind(format!("\"{}\"", key.replace('"', "")))
-            .bind(group)
-            .fetch_one(&mut *tx)
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = ?"))
+            .bind(NodeState::Reimaging.as_str())
+            .fetch_all(&mut *tx)
             .await?;
-            if in_group >= budget.max_per_group {
-                return Ok(ReimageOutcome::OverBudget(format!(
-                    "{in_group} nodes with {key}={group} are reimaging, the most allowed at once is {}",
-                    budget.max_per_group
-                )));
-            }
-        }
+        let reimaging = rows
+            .into_iter()
+            .map(node_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let to = match rule(&node, &reimaging) {
+            ReimageDecision::Move(to) => to,
+            refused => return Ok(ReimageOutcome::Refused(refused, node)),
+        };
         let now = now_ms();
         sqlx::query("UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
             .bind(to.as_str())
@@ -528,12 +338,8 @@ impl Store {
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(ReimageOutcome::Accepted(node))
     }
-
     /// The stored answer to an Idempotency-Key, if it was seen before.
-    pub async fn idempotent_response(
-        &self,
-        key: &str,
-    ) -> Result<Option<(String, String)>, StoreError> {
+    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
         Ok(
             sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = ?")
                 .bind(key)
@@ -541,8 +347,7 @@ impl Store {
                 .await?,
         )
     }
-
-    pub async fn save_idempotent_response(
+    async fn save_idempotent_response(
         &self,
         key: &str,
         mac: &Mac,
@@ -559,8 +364,7 @@ impl Store {
             .await?;
         Ok(())
     }
-
-    pub async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
+    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
         // Autocommit writes queue at the gate too (Store::write_gate).
         let _gate = self.write_gate().await;
         sqlx::query("UPDATE nodes SET last_heartbeat_ms = ? WHERE mac = ?")
@@ -569,5 +373,71 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+    /// Asks for revalidation; false when the node is unknown.
+    async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n == 1)
+    }
+    /// Clears a pending revalidation request; true if there was one (answered once).
+    async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        let n = sqlx::query(
+            "UPDATE nodes SET revalidate_requested = 0 WHERE mac = ? AND revalidate_requested = 1",
+        )
+        .bind(mac.to_string())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+    /// Nodes and when we last heard from them: the later of their last heartbeat and
+    /// their last state change (a new boot must not inherit an old boot's silence).
+    async fn last_seen(&self) -> Result<Vec<(Mac, NodeState, i64)>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT mac, state, MAX(COALESCE(last_heartbeat_ms, 0), updated_at_ms) FROM nodes
+             WHERE state NOT IN ('discovered', 'unreachable', 'quarantined')",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(mac, state, seen)| {
+                Ok((
+                    mac.parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
+                    NodeState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
+                    seen,
+                ))
+            })
+            .collect()
+    }
+}
+impl SqliteStore {
+    /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held:
+    /// the cache stays warm through a storm's state changes.
+    async fn node_after_write(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        self.node_cache.invalidate(mac);
+        self.read_into_cache(&self.pool, mac).await
+    }
+    /// Reads `mac` on `pool` and keeps it in the DHCP cache unless a write raced the read.
+    async fn read_into_cache(
+        &self,
+        pool: &sqlx::SqlitePool,
+        mac: &Mac,
+    ) -> Result<Option<NodeRecord>, StoreError> {
+        let epoch = self.node_cache.epoch();
+        let node = node_on(pool, mac).await?;
+        if let Some(node) = &node {
+            self.node_cache.fill(epoch, node);
+        }
+        Ok(node)
     }
 }

@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::nodes::NodeRecord;
 use crate::api::Mac;
+use crate::store::NodeRecord;
 
 /// Past this many entries the cache starts over: MACs seen in DHCP are unbounded input.
 const MAX_ENTRIES: usize = 200_000;

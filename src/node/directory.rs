@@ -1,0 +1,53 @@
+//! The node service's answers to DHCP (`dhcp::directory`): the node view of a client,
+//! recording a MAC seen for the first time, and the label rules for what a node is
+//! given (`boot=local`, `ipxe=chainload`), written once here for every path.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use crate::api::{Mac, NodeState};
+use crate::dhcp::decide::NodeView;
+use crate::dhcp::directory::NodeDirectory;
+use crate::store::Store;
+
+/// Label `boot=local`: the node boots from its own disk; we hand it no boot file.
+pub fn boots_locally(labels: &BTreeMap<String, String>) -> bool {
+    labels.get("boot").is_some_and(|v| v == "local")
+}
+
+/// Label `ipxe=chainload`: the node's own iPXE is replaced by ours before its script.
+pub fn wants_chainload(labels: &BTreeMap<String, String>) -> bool {
+    labels.get("ipxe").is_some_and(|v| v == "chainload")
+}
+
+/// The directory over the store: known nodes from the store's DHCP cache (memory, for
+/// nearly every packet), new MACs recorded as discovered.
+pub struct StoreDirectory {
+    pub store: Store,
+}
+
+#[async_trait]
+impl NodeDirectory for StoreDirectory {
+    async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> NodeView {
+        let known = match self.store.node_for_dhcp(&mac).await {
+            Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
+            _ => self
+                .store
+                .discover(&mac, uuid, "first seen in DHCP")
+                .await
+                .map(|(node, _)| node),
+        };
+        match known {
+            Ok(node) => NodeView {
+                bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
+                local_boot: boots_locally(&node.labels),
+                chainload: wants_chainload(&node.labels),
+            },
+            Err(e) => {
+                tracing::warn!(%mac, error = %e, "cannot look the node up; no boot file");
+                NodeView::default()
+            }
+        }
+    }
+}

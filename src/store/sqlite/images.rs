@@ -1,0 +1,288 @@
+//! SQL for images, their artifacts, tags and tag history.
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+
+use super::{SqliteStore, parse_digest};
+use crate::api::Digest;
+use crate::api::image::{Artifact, Image, Role, Tag, TagMove};
+use crate::api::refs::{ImageRef, TagName};
+use crate::store::{
+    ImageStore, InsertOutcome, NewImage, StoreError, TagOutcome, format_ms, now_ms,
+};
+
+#[async_trait]
+impl ImageStore for SqliteStore {
+    /// Whether `img` could be inserted now, without inserting it.
+    async fn precheck(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        check_insert(&mut conn, img).await
+    }
+    async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let outcome = check_insert(&mut tx, img).await?;
+        if outcome != InsertOutcome::Inserted {
+            return Ok(outcome);
+        }
+        let canonical =
+            std::str::from_utf8(img.canonical).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO images (digest, name, version, manifest_toml, canonical, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(img.digest.to_string())
+        .bind(img.name)
+        .bind(img.version)
+        .bind(img.manifest_toml)
+        .bind(canonical)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        for (position, a) in img.artifacts.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO image_artifacts (image_digest, position, role, path, blob_digest, size) VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(img.digest.to_string())
+            .bind(position as i64)
+            .bind(a.role.as_str())
+            .bind(&a.path)
+            .bind(a.digest.to_string())
+            .bind(a.size as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(InsertOutcome::Inserted)
+    }
+    /// Resolves a REF: a digest, else `name:version`, else `name:tag`.
+    async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
+        let found: Option<(String,)> = match r {
+            ImageRef::Digest(d) => {
+                sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
+                    .bind(d.to_string())
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            ImageRef::Named { name, label } => {
+                sqlx::query_as(
+                    "SELECT digest FROM images WHERE name = ?1 AND version = ?2
+                     UNION ALL
+                     SELECT image_digest FROM tags WHERE name = ?1 AND tag = ?2
+                     LIMIT 1",
+                )
+                .bind(name)
+                .bind(label)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+        };
+        found.map(|(d,)| parse_digest(&d)).transpose()
+    }
+    async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError> {
+        let row: Option<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT digest, name, version, created_at_ms FROM images WHERE digest = ?",
+        )
+        .bind(digest.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(Some(self.record(row).await?)),
+            None => Ok(None),
+        }
+    }
+    async fn manifest_toml(&self, digest: &Digest) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT manifest_toml FROM images WHERE digest = ?")
+                .bind(digest.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(t,)| t))
+    }
+    async fn list_images(&self) -> Result<Vec<Image>, StoreError> {
+        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT digest, name, version, created_at_ms FROM images ORDER BY name, created_at_ms, version",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(self.record(row).await?);
+        }
+        Ok(out)
+    }
+    /// Points `tag` at `digest`, recording the move. Idempotent.
+    async fn set_tag(
+        &self,
+        tag: &TagName,
+        digest: &Digest,
+        actor: &str,
+    ) -> Result<TagOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let image_name: Option<(String,)> =
+            sqlx::query_as("SELECT name FROM images WHERE digest = ?")
+                .bind(digest.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((image_name,)) = image_name else {
+            return Err(StoreError::Corrupt(format!(
+                "tagging unknown image {digest}"
+            )));
+        };
+        if image_name != tag.name {
+            return Ok(TagOutcome::NameMismatch { image_name });
+        }
+        let version_clash: Option<(i64,)> =
+            sqlx::query_as("SELECT 1 FROM images WHERE name = ? AND version = ?")
+                .bind(&tag.name)
+                .bind(&tag.tag)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if version_clash.is_some() {
+            return Ok(TagOutcome::ClashesWithVersion);
+        }
+        let current: Option<(String,)> =
+            sqlx::query_as("SELECT image_digest FROM tags WHERE name = ? AND tag = ?")
+                .bind(&tag.name)
+                .bind(&tag.tag)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let from = current.map(|(d,)| parse_digest(&d)).transpose()?;
+        if from == Some(*digest) {
+            return Ok(TagOutcome::Unchanged);
+        }
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO tags (name, tag, image_digest, updated_at_ms) VALUES (?, ?, ?, ?)
+             ON CONFLICT (name, tag) DO UPDATE SET image_digest = excluded.image_digest, updated_at_ms = excluded.updated_at_ms",
+        )
+        .bind(&tag.name)
+        .bind(&tag.tag)
+        .bind(digest.to_string())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO tag_history (name, tag, from_digest, to_digest, actor, at_ms) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(&tag.name)
+            .bind(&tag.tag)
+            .bind(from.map(|d| d.to_string()))
+            .bind(digest.to_string())
+            .bind(actor)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(TagOutcome::Moved { from })
+    }
+    async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, StoreError> {
+        let rows: Vec<(Option<String>, String, String, i64)> = sqlx::query_as(
+            "SELECT from_digest, to_digest, actor, at_ms FROM tag_history WHERE name = ? AND tag = ? ORDER BY id",
+        )
+        .bind(&tag.name)
+        .bind(&tag.tag)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(from, to, actor, at)| {
+                Ok(TagMove {
+                    tag: tag.to_string(),
+                    from: from.as_deref().map(parse_digest).transpose()?,
+                    to: parse_digest(&to)?,
+                    actor,
+                    at: format_ms(at),
+                })
+            })
+            .collect()
+    }
+    async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
+        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name, tag",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(name, tag, d, at)| {
+                Ok(Tag {
+                    tag: format!("{name}:{tag}"),
+                    digest: parse_digest(&d)?,
+                    updated_at: format_ms(at),
+                })
+            })
+            .collect()
+    }
+    /// Every blob digest that some image needs.
+    async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT blob_digest FROM image_artifacts")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter().map(|(d,)| parse_digest(&d)).collect()
+    }
+}
+
+/// The checks an insert makes; `Inserted` means "nothing stands in the way".
+async fn check_insert(
+    conn: &mut sqlx::SqliteConnection,
+    img: &NewImage<'_>,
+) -> Result<InsertOutcome, StoreError> {
+    let existing: Option<(String,)> =
+        sqlx::query_as("SELECT digest FROM images WHERE name = ? AND version = ?")
+            .bind(img.name)
+            .bind(img.version)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some((digest,)) = existing {
+        let existing = parse_digest(&digest)?;
+        return Ok(if existing == img.digest {
+            InsertOutcome::AlreadyPresent
+        } else {
+            InsertOutcome::VersionTaken { existing }
+        });
+    }
+    let tag_clash: Option<(i64,)> = sqlx::query_as("SELECT 1 FROM tags WHERE name = ? AND tag = ?")
+        .bind(img.name)
+        .bind(img.version)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if tag_clash.is_some() {
+        return Ok(InsertOutcome::ClashesWithTag);
+    }
+    Ok(InsertOutcome::Inserted)
+}
+
+impl SqliteStore {
+    async fn record(
+        &self,
+        (digest, name, version, created): (String, String, String, i64),
+    ) -> Result<Image, StoreError> {
+        let artifacts: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = ? ORDER BY position",
+        )
+        .bind(&digest)
+        .fetch_all(&self.pool)
+        .await?;
+        let tags: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = ? ORDER BY tag")
+                .bind(&digest)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(Image {
+            digest: parse_digest(&digest)?,
+            name,
+            version,
+            created_at: format_ms(created),
+            artifacts: artifacts
+                .into_iter()
+                .map(|(role, path, d, size)| {
+                    Ok(Artifact {
+                        role: Role::parse(&role)
+                            .ok_or_else(|| StoreError::Corrupt(format!("role {role}")))?,
+                        path,
+                        digest: parse_digest(&d)?,
+                        size: size as u64,
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?,
+            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+        })
+    }
+}
