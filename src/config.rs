@@ -42,7 +42,7 @@ pub struct FileConfig {
     pub lifecycle: crate::node::policy::LifecyclePolicy,
     /// `[[webhooks]]`: where events are delivered.
     #[serde(default)]
-    pub webhooks: Vec<crate::webhook::WebhookConfig>,
+    pub webhooks: Vec<crate::events::webhook::WebhookConfig>,
     /// `[dhcp]`: proxyDHCP or authoritative DHCP. Off unless `mode` is set.
     #[serde(default)]
     pub dhcp: DhcpFileConfig,
@@ -126,7 +126,7 @@ pub struct ServerConfig {
     pub templates_dir: Option<PathBuf>,
     pub budget: crate::node::reimage::DisruptionBudget,
     pub lifecycle: crate::node::policy::LifecyclePolicy,
-    pub webhooks: Vec<crate::webhook::WebhookConfig>,
+    pub webhooks: Vec<crate::events::webhook::WebhookConfig>,
     pub dhcp: DhcpFileConfig,
 }
 

@@ -124,6 +124,19 @@ impl Registry {
         }
     }
 
+    pub async fn list(&self) -> Result<Vec<Image>, RegistryError> {
+        Ok(self.store.list_images().await?)
+    }
+
+    pub async fn list_tags(&self) -> Result<Vec<crate::api::image::Tag>, RegistryError> {
+        Ok(self.store.list_tags().await?)
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), RegistryError> {
+        Ok(self.store.ping().await?)
+    }
+
     pub async fn resolve(&self, r: &ImageRef) -> Result<Digest, RegistryError> {
         self.store
             .resolve(r)

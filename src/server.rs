@@ -18,9 +18,21 @@ use crate::tftp::server::TftpServer;
 
 pub const DATABASE_FILE: &str = "bootfleet.db";
 
+/// The server, wired: the HTTP state (what the routes use) and what only the server's
+/// own tasks need. Built once by `open_state`; `run`, `start_tftp` and `start_dhcp` take it.
+#[derive(Clone)]
+pub struct Server {
+    pub http: AppState,
+    pub store: crate::store::Store,
+    pub blobs: std::sync::Arc<BlobStore>,
+    /// Checked at start; each runs as a task of its own.
+    pub webhooks: Vec<crate::events::webhook::Webhook>,
+    pub policy: crate::node::policy::LifecyclePolicy,
+}
+
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
-/// database (migrated), admin token (generated on first start).
-pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
+/// database (migrated), admin token (generated on first start), and wires the services.
+pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     let data_dir: &Path = &cfg.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
@@ -38,14 +50,15 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
     let webhooks = cfg
         .webhooks
         .iter()
-        .map(crate::webhook::Webhook::load)
+        .map(crate::events::webhook::Webhook::load)
         .collect::<Result<Vec<_>, _>>()?;
     let registry = Registry::new(store.clone(), blobs, cfg.limits);
-    let boot = crate::boot::service::BootService {
+    let nodes = crate::node::service::NodeService {
+        store: store.clone(),
         registry: registry.clone(),
         templates,
         controller: crate::node::controller::NodeController::new(store.clone()),
-        fetches: crate::boot::fetches::FetchRecorder::start(store),
+        fetches: crate::node::service::fetches::FetchRecorder::start(store.clone()),
         reimage: crate::node::reimage::ReimageService {
             registry: registry.clone(),
             budget: cfg.budget.clone(),
@@ -53,16 +66,24 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
         policy: cfg.lifecycle.clone(),
         images: Default::default(),
     };
-    Ok(AppState {
+    let blobs = registry.blobs.clone();
+    let http = AppState {
         registry,
         token,
         tasks: TaskTracker::new(),
-        boot: std::sync::Arc::new(boot),
+        nodes: std::sync::Arc::new(nodes),
+        events: crate::events::EventLog::new(store.clone()),
         fallback_url: format!("http://{}", cfg.listen),
         stopping: CancellationToken::new(),
-        webhooks,
         ipxe_files: std::sync::Arc::new(FileSource::new(Some(cfg.ipxe_dir.clone()), None)),
         blob_maps: Default::default(),
+    };
+    Ok(Server {
+        http,
+        store,
+        blobs,
+        webhooks,
+        policy: cfg.lifecycle.clone(),
     })
 }
 
@@ -70,20 +91,21 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<AppState> {
 /// requests and owned tasks finish and closes the database.
 pub async fn run(
     listener: TcpListener,
-    state: AppState,
+    server: Server,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    for hook in &state.webhooks {
-        state.tasks.spawn(crate::webhook::run(
+    let state = server.http;
+    for hook in &server.webhooks {
+        state.tasks.spawn(crate::events::webhook::run(
             hook.clone(),
-            state.registry.store.clone(),
+            server.store.clone(),
             state.stopping.clone(),
         ));
     }
     state.tasks.spawn(crate::node::sweeper::run(
-        state.registry.store.clone(),
-        state.boot.controller.clone(),
-        state.boot.policy.clone(),
+        server.store.clone(),
+        state.nodes.controller.clone(),
+        server.policy.clone(),
         state.stopping.clone(),
     ));
     let app = router(state.clone());
@@ -102,7 +124,7 @@ pub async fn run(
         .context("HTTP server failed")?;
     state.tasks.close();
     state.tasks.wait().await;
-    state.registry.store.close().await;
+    server.store.close().await;
     tracing::info!("shut down cleanly");
     Ok(())
 }
@@ -127,7 +149,7 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpList
 /// Binds and starts the TFTP server when `[tftp] listen` is set; it stops on `shutdown`.
 pub async fn start_tftp(
     cfg: &ServerConfig,
-    state: &AppState,
+    server: &Server,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>> {
     let Some(addr) = cfg.tftp_listen else {
@@ -143,7 +165,7 @@ pub async fn start_tftp(
     let server = std::sync::Arc::new(TftpServer::new(
         std::sync::Arc::new(FileSource::new(
             Some(cfg.ipxe_dir.clone()),
-            Some(state.registry.blobs.clone()),
+            Some(server.blobs.clone()),
         )),
         cfg.tftp.clone(),
         Default::default(),
@@ -157,7 +179,7 @@ pub async fn start_tftp(
 /// stop on `shutdown`, the lease saver after a last save.
 pub async fn start_dhcp(
     cfg: &ServerConfig,
-    state: &AppState,
+    server: &Server,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::dhcp::decide::{Mode, Port, Settings};
@@ -172,7 +194,7 @@ pub async fn start_dhcp(
     let server_ip = d
         .server_ip
         .context("[dhcp] server_ip is required: our address on the boot segment")?;
-    let journal = std::sync::Arc::new(StoreLeases(state.registry.store.clone()));
+    let journal = std::sync::Arc::new(StoreLeases(server.store.clone()));
     let leases = match (mode, &d.pool) {
         (Mode::Authoritative, Some(pool)) => {
             let mut leases = crate::dhcp::leases::Leases::new(pool)
@@ -195,7 +217,7 @@ pub async fn start_dhcp(
         router: d.router,
         dns: d.dns.clone(),
     };
-    match state.registry.store.warm_node_cache().await {
+    match server.store.warm_node_cache().await {
         Ok(n) => tracing::info!(nodes = n, "DHCP node cache warmed"),
         Err(e) => {
             tracing::warn!(error = %e, "cannot warm the DHCP node cache; nodes are read as they ask")
@@ -205,7 +227,7 @@ pub async fn start_dhcp(
         settings,
         leases,
         directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
-            store: state.registry.store.clone(),
+            store: server.store.clone(),
         }),
         journal,
         metrics: Default::default(),

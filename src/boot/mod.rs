@@ -1,10 +1,4 @@
-//! Booting over HTTP and what follows: scripts (pure rendering), boot records and tokens,
-//! blob fetches attributed to boots, and the agent's calls (attest, validate, heartbeat).
+//! Booting renders: iPXE boot scripts from the templates (pure). What a boot records and
+//! what the agent's calls do is the node service's (`node::service`).
 
-pub mod attest;
-pub mod fetches;
-pub mod heartbeat;
 pub mod script;
-pub mod service;
-pub mod timeline;
-pub mod validate;

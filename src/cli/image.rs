@@ -197,7 +197,7 @@ async fn publish(
         futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>,
         Option<u64>,
     ) = if meta.is_dir() {
-        if !path.join(crate::image::bundle::MANIFEST_NAME).is_file() {
+        if !path.join(crate::api::image::MANIFEST_NAME).is_file() {
             bail!("{} has no manifest.toml", path.display());
         }
         (tar_directory(path.to_path_buf()).boxed(), None)

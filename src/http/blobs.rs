@@ -92,9 +92,9 @@ pub async fn get_blob(
             let chunks = Box::pin(file_chunks(mapped, start, count));
             match query
                 .boot
-                .filter(|b| crate::boot::fetches::plausible_boot_id(b))
+                .filter(|b| crate::node::service::fetches::plausible_boot_id(b))
             {
-                Some(boot) => Body::from_stream(state.boot.fetches.track(
+                Some(boot) => Body::from_stream(state.nodes.fetches.track(
                     boot,
                     digest,
                     status == StatusCode::OK,

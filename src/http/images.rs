@@ -66,14 +66,7 @@ pub async fn publish(
 }
 
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Image>>, ApiError> {
-    Ok(Json(
-        state
-            .registry
-            .store
-            .list_images()
-            .await
-            .map_err(crate::registry::RegistryError::from)?,
-    ))
+    Ok(Json(state.registry.list().await?))
 }
 
 pub async fn show(
@@ -107,13 +100,7 @@ pub async fn tag_history(
 }
 
 pub async fn list_tags(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let tags = state
-        .registry
-        .store
-        .list_tags()
-        .await
-        .map_err(crate::registry::RegistryError::from)?;
-    Ok(Json(tags).into_response())
+    Ok(Json(state.registry.list_tags().await?).into_response())
 }
 
 pub async fn verify(State(state): State<AppState>) -> Result<Response, ApiError> {

@@ -28,13 +28,14 @@ pub struct AppState {
     pub token: AdminToken,
     /// Work that must finish even if its request is dropped (publishes); joined at shutdown.
     pub tasks: TaskTracker,
-    pub boot: std::sync::Arc<crate::boot::service::BootService>,
+    /// The node service: boots, the agent's calls, the admin node API.
+    pub nodes: std::sync::Arc<crate::node::service::NodeService>,
+    /// The event log: pages and live feeds.
+    pub events: crate::events::EventLog,
     /// Our URL for boot scripts when a request carries no Host header.
     pub fallback_url: String,
     /// The iPXE binaries (the TFTP root), also served over HTTP for UEFI HTTP boot.
     pub ipxe_files: std::sync::Arc<crate::tftp::files::FileSource>,
-    /// Checked at start; each runs as a task of its own.
-    pub webhooks: Vec<crate::webhook::Webhook>,
     /// Cancelled when the server starts shutting down: ends event streams, which would
     /// otherwise hold graceful shutdown open forever.
     pub stopping: tokio_util::sync::CancellationToken,
@@ -85,7 +86,7 @@ async fn healthz() -> &'static str {
 
 /// Ready when the database answers and the blob directory is there.
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<crate::api::Readiness>) {
-    let db = state.registry.store.ping().await;
+    let db = state.registry.ping().await;
     let blobs = state.registry.blobs.dir().is_dir();
     let ready = db.is_ok() && blobs;
     let body = crate::api::Readiness {

@@ -9,11 +9,8 @@ use serde::Deserialize;
 use super::AppState;
 use super::error::ApiError;
 use crate::api::Mac;
-use crate::api::node::{
-    AssignRequest, LabelRequest, Node, NodeDetail, ReimageRequest, RevalidateAccepted,
-};
-use crate::api::refs::ImageRef;
-use crate::registry::RegistryError;
+use crate::api::node::{AssignRequest, LabelRequest, Node, NodeDetail, ReimageRequest};
+use crate::node::service::admin::AdminError;
 
 /// The URL nodes reach us by: the one this request came to.
 fn server_url(headers: &HeaderMap, state: &AppState) -> String {
@@ -44,7 +41,7 @@ pub async fn entry(
 ) -> Result<Response, ApiError> {
     Ok(script(
         state
-            .boot
+            .nodes
             .entry(&server_url(&headers, &state))
             .map_err(internal)?,
     ))
@@ -72,7 +69,7 @@ pub async fn node_script(
         !u.is_empty() && u.len() <= 64 && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')
     });
     let text = state
-        .boot
+        .nodes
         .node_script(&server_url(&headers, &state), &mac, uuid.as_deref())
         .await
         .map_err(internal)?;
@@ -84,13 +81,16 @@ fn parse_mac(s: &str) -> Result<Mac, ApiError> {
         .map_err(|e: crate::api::MacError| ApiError::BadRequest(e.to_string()))
 }
 
-fn store_err(e: crate::store::StoreError) -> ApiError {
-    ApiError::from(RegistryError::from(e))
+fn admin_error(e: AdminError) -> ApiError {
+    match e {
+        AdminError::BadRequest(m) => ApiError::BadRequest(m),
+        AdminError::NotFound(m) => ApiError::NotFound(m),
+        AdminError::Internal(m) => ApiError::Internal(m),
+    }
 }
 
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Node>>, ApiError> {
-    let nodes = state.registry.store.nodes().await.map_err(store_err)?;
-    Ok(Json(nodes.into_iter().map(Node::from).collect()))
+    state.nodes.list().await.map(Json).map_err(admin_error)
 }
 
 pub async fn show(
@@ -98,67 +98,37 @@ pub async fn show(
     Path(mac): Path<String>,
 ) -> Result<Json<NodeDetail>, ApiError> {
     let mac = parse_mac(&mac)?;
-    let store = &state.registry.store;
-    let node = store
-        .node(&mac)
-        .await
-        .map_err(store_err)?
-        .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))?;
-    Ok(Json(NodeDetail {
-        node: node.into(),
-        history: store.node_history(&mac).await.map_err(store_err)?,
-        boots: state.boot.timelines(&mac, 5).await.map_err(internal)?,
-    }))
+    state.nodes.show(&mac).await.map(Json).map_err(admin_error)
 }
 
-/// Assigns a REF. It must resolve now (a typo is refused), and is resolved again at each
-/// boot, so a node assigned a tag follows the tag.
+/// `PUT /api/v1/nodes/{mac}/image`.
 pub async fn assign(
     State(state): State<AppState>,
     Path(mac): Path<String>,
     Json(req): Json<AssignRequest>,
 ) -> Result<Json<Node>, ApiError> {
     let mac = parse_mac(&mac)?;
-    let reference = ImageRef::parse(&req.image).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    state.registry.resolve(&reference).await?;
-    Ok(Json(
-        state
-            .registry
-            .store
-            .assign(&mac, &reference.to_string())
-            .await
-            .map_err(store_err)?
-            .into(),
-    ))
+    state
+        .nodes
+        .assign(&mac, &req.image)
+        .await
+        .map(Json)
+        .map_err(admin_error)
 }
 
-fn valid_label_key(k: &str) -> bool {
-    (1..=63).contains(&k.len())
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
-}
-
+/// `PATCH /api/v1/nodes/{mac}/labels`.
 pub async fn label(
     State(state): State<AppState>,
     Path(mac): Path<String>,
     Json(req): Json<LabelRequest>,
 ) -> Result<Json<Node>, ApiError> {
     let mac = parse_mac(&mac)?;
-    for (k, v) in &req.set {
-        if !valid_label_key(k) || v.len() > 253 || v.chars().any(char::is_control) {
-            return Err(ApiError::BadRequest(format!(
-                "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 printable characters"
-            )));
-        }
-    }
-    let node = state
-        .registry
-        .store
-        .label(&mac, &req.set, &req.remove)
+    state
+        .nodes
+        .label(&mac, &req)
         .await
-        .map_err(store_err)?;
-    node.map(|n| Json(n.into()))
-        .ok_or_else(|| ApiError::NotFound(format!("no node {mac}")))
+        .map(Json)
+        .map_err(admin_error)
 }
 
 /// `POST /api/v1/agent/attest`: authenticated by the boot token, not the admin token.
@@ -173,7 +143,7 @@ pub async fn attest(
     let req: AttestRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("attestation report: {e}")))?;
     state
-        .boot
+        .nodes
         .attest(token, &req)
         .await
         .map(Json)
@@ -189,8 +159,8 @@ fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
         .ok_or(ApiError::Unauthorized)
 }
 
-fn agent_error(e: crate::boot::attest::AttestError) -> ApiError {
-    use crate::boot::attest::{AttestError, Refusal};
+fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {
+    use crate::node::service::attest::{AttestError, Refusal};
     match e {
         AttestError::Refused(r @ Refusal::Replayed) => ApiError::Conflict(r.to_string()),
         AttestError::Refused(r @ Refusal::NotAttested) => ApiError::Conflict(r.to_string()),
@@ -210,7 +180,7 @@ pub async fn heartbeat(
     let req: crate::api::agent::HeartbeatRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("heartbeat: {e}")))?;
     state
-        .boot
+        .nodes
         .heartbeat(token, &req)
         .await
         .map(Json)
@@ -230,7 +200,7 @@ pub async fn reimage(
     let mac = parse_mac(&mac)?;
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     match state
-        .boot
+        .nodes
         .reimage
         .request(&mac, &req.reason, req.image.as_deref(), key)
         .await
@@ -253,7 +223,7 @@ pub async fn reimage(
         Err(e @ ReimageError::UnknownNode(_)) => Err(ApiError::NotFound(e.to_string())),
         Err(e @ ReimageError::Conflict(_)) => Err(ApiError::Conflict(e.to_string())),
         Err(ReimageError::Registry(e)) => Err(e.into()),
-        Err(ReimageError::Store(e)) => Err(store_err(e)),
+        Err(ReimageError::Store(e)) => Err(internal(e)),
     }
 }
 
@@ -263,23 +233,8 @@ pub async fn revalidate(
     Path(mac): Path<String>,
 ) -> Result<Response, ApiError> {
     let mac = parse_mac(&mac)?;
-    if !state
-        .registry
-        .store
-        .request_revalidate(&mac)
-        .await
-        .map_err(store_err)?
-    {
-        return Err(ApiError::NotFound(format!("no node {mac}")));
-    }
-    Ok((
-        axum::http::StatusCode::ACCEPTED,
-        Json(RevalidateAccepted {
-            outcome: "revalidate-requested".into(),
-            node: mac,
-        }),
-    )
-        .into_response())
+    let answer = state.nodes.revalidate(&mac).await.map_err(admin_error)?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
 /// `POST /api/v1/agent/validate`: the post-boot validation report, by boot token.
@@ -292,7 +247,7 @@ pub async fn validate(
     let req: crate::api::agent::ValidateRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("validation report: {e}")))?;
     state
-        .boot
+        .nodes
         .validate(token, &req)
         .await
         .map(Json)

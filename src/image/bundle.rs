@@ -16,7 +16,7 @@ use super::manifest::{Manifest, ManifestError};
 use crate::api::Digest;
 use crate::api::image::Artifact;
 
-pub const MANIFEST_NAME: &str = "manifest.toml";
+pub use crate::api::image::MANIFEST_NAME;
 
 /// Limits applied to every bundle; configurable (`[limits]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,7 +40,7 @@ impl TestServer {
         );
         configure(&mut cfg);
         let state = bootfleet::server::open_state(&cfg).await.unwrap();
-        let token = state.token.secret().to_string();
+        let token = state.http.token.secret().to_string();
         let listener = bootfleet::server::listen(cfg.listen).unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();

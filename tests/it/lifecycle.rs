@@ -615,7 +615,7 @@ async fn receive(
     body: axum::body::Bytes,
 ) -> axum::http::StatusCode {
     let signature = headers
-        .get(bootfleet::webhook::SIGNATURE_HEADER)
+        .get(bootfleet::events::webhook::SIGNATURE_HEADER)
         .map(|v| v.to_str().unwrap().to_string())
         .unwrap_or_default();
     rx.got.lock().unwrap().push((signature, body.to_vec()));
@@ -643,7 +643,7 @@ async fn webhooks_get_every_event_in_order_signed_and_retried() {
     let secret_file = secrets.path().join("hook.secret");
     std::fs::write(&secret_file, "s3cret-s3cret-s3cret\n").unwrap();
     let server = TestServer::start_configured(|cfg| {
-        cfg.webhooks = vec![bootfleet::webhook::WebhookConfig {
+        cfg.webhooks = vec![bootfleet::events::webhook::WebhookConfig {
             url: hook_url.clone(),
             secret_file: secret_file.clone(),
         }];
@@ -660,7 +660,8 @@ async fn webhooks_get_every_event_in_order_signed_and_retried() {
         // Skip the failed attempts: the receiver answered 503 to the first two.
         for (signature, body) in got.iter().skip(2) {
             assert!(
-                bootfleet::webhook::verify(b"s3cret-s3cret-s3cret", signature, body).is_some(),
+                bootfleet::events::webhook::verify(b"s3cret-s3cret-s3cret", signature, body)
+                    .is_some(),
                 "bad signature {signature}"
             );
             let batch: Value = serde_json::from_slice(body).unwrap();

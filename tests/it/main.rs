@@ -9,6 +9,7 @@ mod dhcp_net;
 mod e2e;
 mod fake_node;
 mod harness;
+mod layers;
 mod lifecycle;
 mod nodes;
 mod process;

@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::Digest;
 
+/// The manifest's name inside a bundle (a tar, or a directory the CLI tars).
+pub const MANIFEST_NAME: &str = "manifest.toml";
+
 /// The boot artifacts' roles; the order here is the canonical order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

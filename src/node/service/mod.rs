@@ -1,16 +1,26 @@
-//! What a booting node gets: discovery of unknown MACs, the assigned image resolved to a
-//! digest, a boot record with a fresh token (stored hashed), the state change, the script.
+//! The node service: what a booting node gets (discovery of unknown MACs, the assigned
+//! image resolved to a digest, a boot record with a fresh token stored hashed, the state
+//! change, the rendered script), and the agent's calls: `attest`, `validate`,
+//! `heartbeat`; `fetches` attributes blob downloads to boots, `timeline` reads a boot back
+//! as steps. Node state changes go through the controller (`node::controller`).
+
+pub mod admin;
+pub mod attest;
+pub mod fetches;
+pub mod heartbeat;
+pub mod timeline;
+pub mod validate;
 
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 
-use super::script::{BootTemplates, ImageBoot, InitrdRef, NodeBoot, TemplateError, blob_url};
 use crate::api::Digest;
 use crate::api::Mac;
 use crate::api::NodeState;
 use crate::api::image::Role;
 use crate::api::refs::ImageRef;
+use crate::boot::script::{BootTemplates, ImageBoot, InitrdRef, NodeBoot, TemplateError, blob_url};
 use crate::image::manifest::Manifest;
 use crate::node::controller::{ControlError, NodeController};
 use crate::node::state::NodeEvent;
@@ -27,11 +37,12 @@ pub enum BootError {
     Control(#[from] ControlError),
 }
 
-pub struct BootService {
+pub struct NodeService {
+    pub store: crate::store::Store,
     pub registry: Registry,
     pub templates: BootTemplates,
     pub controller: NodeController,
-    pub fetches: super::fetches::FetchRecorder,
+    pub fetches: fetches::FetchRecorder,
     pub reimage: crate::node::reimage::ReimageService,
     pub policy: crate::node::policy::LifecyclePolicy,
     /// Published images never change, so what a boot needs of one is parsed once.
@@ -51,14 +62,14 @@ pub struct ImageCache(std::sync::Mutex<std::collections::HashMap<Digest, Arc<Cac
 
 const IMAGE_CACHE_MAX: usize = 256;
 
-impl BootService {
+impl NodeService {
     /// The image `digest`, from the cache or the store; None if it is not published or
     /// its stored manifest no longer parses.
     pub async fn image(&self, digest: &Digest) -> Result<Option<Arc<CachedImage>>, StoreError> {
         if let Some(hit) = self.images.0.lock().expect("not poisoned").get(digest) {
             return Ok(Some(hit.clone()));
         }
-        let store = &self.registry.store;
+        let store = &self.store;
         let (Some(record), Some(manifest)) = (
             store.image(digest).await?,
             store.manifest_toml(digest).await?,
@@ -85,7 +96,7 @@ fn random_hex(bytes: usize) -> String {
     hex::encode(buf)
 }
 
-impl BootService {
+impl NodeService {
     pub fn entry(&self, server: &str) -> Result<String, BootError> {
         Ok(self.templates.entry(server)?)
     }
@@ -97,7 +108,7 @@ impl BootService {
         mac: &Mac,
         uuid: Option<&str>,
     ) -> Result<String, BootError> {
-        let store = &self.registry.store;
+        let store = &self.store;
         let (node, new) = store
             .discover(mac, uuid, "first seen network-booting")
             .await?;
@@ -160,7 +171,7 @@ impl BootService {
         let Ok(reference) = ImageRef::parse(assigned) else {
             return Ok(None);
         };
-        let Some(digest) = self.registry.store.resolve(&reference).await? else {
+        let Some(digest) = self.store.resolve(&reference).await? else {
             return Ok(None);
         };
         let Some(image) = self.image(&digest).await? else {

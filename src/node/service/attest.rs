@@ -5,7 +5,7 @@
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::service::{BootError, BootService};
+use super::{BootError, NodeService};
 use crate::api::Digest;
 
 use crate::api::Mac;
@@ -54,7 +54,7 @@ impl From<crate::store::StoreError> for AttestError {
     }
 }
 
-impl BootService {
+impl NodeService {
     pub async fn attest(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let result = self.attest_inner(token, req).await;
         self.note_refusal("attest", &req.boot_id, &req.mac, &result)
@@ -133,7 +133,7 @@ impl BootService {
     }
 
     async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
-        let store = &self.registry.store;
+        let store = &self.store;
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
         if crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());

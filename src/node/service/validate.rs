@@ -2,7 +2,7 @@
 //! node becomes ready only if every check passes, else validation-failed with reasons.
 
 use super::attest::{AttestError, Refusal};
-use super::service::{BootError, BootService};
+use super::{BootError, NodeService};
 use crate::api::Mac;
 use crate::api::NodeState;
 use crate::api::agent::{ValidateRequest, ValidationVerdict};
@@ -10,7 +10,7 @@ use crate::node::controller::ControlError;
 use crate::node::state::NodeEvent;
 use crate::node::validate::{Expectations, judge};
 
-impl BootService {
+impl NodeService {
     pub async fn validate(
         &self,
         token: &str,
@@ -28,7 +28,7 @@ impl BootService {
         req: &ValidateRequest,
     ) -> Result<ValidationVerdict, AttestError> {
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
-        let store = &self.registry.store;
+        let store = &self.store;
         let facts = store
             .boot_by_id(&req.boot_id)
             .await?
@@ -104,7 +104,7 @@ impl BootService {
     /// controller sees it in the events.
     async fn after_failure(&self, mac: &Mac, reason: &str) -> Result<(), AttestError> {
         use crate::node::policy::FailureAction;
-        let store = &self.registry.store;
+        let store = &self.store;
         let failures = store.validation_failures_since_ready(mac).await?;
         let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
         match self.policy.after_failed_validation(&node.labels, failures) {

@@ -2,7 +2,7 @@
 //! validated (drift), and the answer that carries the node's next action.
 
 use super::attest::{AttestError, Refusal};
-use super::service::{BootError, BootService};
+use super::{BootError, NodeService};
 use crate::api::NodeState;
 use crate::api::agent::{AttestReport, Difference, HeartbeatAnswer, HeartbeatRequest, NextAction};
 use crate::node::drift::{Baseline, compare};
@@ -32,7 +32,7 @@ pub fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
     })
 }
 
-impl BootService {
+impl NodeService {
     pub async fn heartbeat(
         &self,
         token: &str,
@@ -50,7 +50,7 @@ impl BootService {
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatAnswer, AttestError> {
         self.authenticate(token, &req.boot_id, &req.mac).await?;
-        let store = &self.registry.store;
+        let store = &self.store;
         store.record_heartbeat(&req.mac).await?;
         let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
         let mac = &req.mac;

@@ -5,7 +5,7 @@
 //! DHCP and the TFTP boot file are not steps yet: the DHCP server (issue #3) will record
 //! the offer per MAC, and TFTP transfers are known by address, not by MAC.
 
-use super::service::{BootError, BootService};
+use super::{BootError, NodeService};
 use crate::api::Mac;
 use crate::api::image::Artifact;
 use crate::api::image::Role;
@@ -101,10 +101,10 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
     }
 }
 
-impl BootService {
+impl NodeService {
     /// The node's last `limit` boots as timelines, newest first.
     pub async fn timelines(&self, mac: &Mac, limit: i64) -> Result<Vec<Timeline>, BootError> {
-        let boots = self.registry.store.boot_facts(mac, limit).await?;
+        let boots = self.store.boot_facts(mac, limit).await?;
         let mut out = Vec::with_capacity(boots.len());
         for boot in &boots {
             let artifacts = match self.image(&boot.image).await? {

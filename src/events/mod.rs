@@ -1,0 +1,122 @@
+//! The event log as a service: pages after a cursor, a feed that waits for new events
+//! (what the SSE stream sends), and delivery to webhooks (`webhook`). Events are written
+//! by the services, in the transaction of the change they report; this only reads them.
+
+pub mod webhook;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::api::Mac;
+use crate::api::event::{Event, EventPage};
+use crate::store::{Store, StoreError};
+
+/// Largest page; also the batch a feed reads at once.
+pub const MAX_PAGE: i64 = 1000;
+/// Other servers sharing the database write events this process is not told about.
+const POLL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Clone)]
+pub struct EventLog {
+    store: Store,
+}
+
+impl EventLog {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Events after `since`, oldest first, at most `limit` (1..=`MAX_PAGE`); only `mac`'s
+    /// when given.
+    pub async fn page(
+        &self,
+        since: i64,
+        limit: i64,
+        mac: Option<&Mac>,
+    ) -> Result<EventPage, EventError> {
+        if since < 0 || !(1..=MAX_PAGE).contains(&limit) {
+            return Err(EventError::Invalid(format!(
+                "since must be >= 0 and limit within 1..={MAX_PAGE}"
+            )));
+        }
+        let events = self.store.events_since(since, limit, mac).await?;
+        let next = events.last().map_or(since, |e| e.seq);
+        Ok(EventPage { events, next })
+    }
+
+    /// The newest event's seq (0 when there is none).
+    pub async fn head(&self) -> Result<i64, EventError> {
+        Ok(self.store.events_head().await?)
+    }
+
+    /// A feed of events after `cursor` (only `mac`'s when given) that ends when
+    /// `stopping` is cancelled.
+    pub fn feed(
+        &self,
+        cursor: i64,
+        mac: Option<Mac>,
+        stopping: tokio_util::sync::CancellationToken,
+    ) -> Feed {
+        Feed {
+            store: self.store.clone(),
+            cursor,
+            mac,
+            wake: self.store.subscribe_events(),
+            stopping,
+            buffered: VecDeque::new(),
+        }
+    }
+}
+
+/// A cursor over the log that waits for new events.
+pub struct Feed {
+    store: Store,
+    cursor: i64,
+    mac: Option<Mac>,
+    wake: tokio::sync::watch::Receiver<u64>,
+    stopping: tokio_util::sync::CancellationToken,
+    buffered: VecDeque<Event>,
+}
+
+impl Feed {
+    /// The next event; None when the server stops or the database fails (the client
+    /// reconnects with its Last-Event-ID).
+    pub async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.buffered.pop_front() {
+                return Some(e);
+            }
+            // Mark seen before reading, so a commit during the read wakes the next wait.
+            self.wake.borrow_and_update();
+            match self
+                .store
+                .events_since(self.cursor, MAX_PAGE, self.mac.as_ref())
+                .await
+            {
+                Ok(events) if !events.is_empty() => {
+                    self.cursor = events.last().expect("not empty").seq;
+                    self.buffered.extend(events);
+                }
+                Ok(_) => {
+                    tokio::select! {
+                        changed = self.wake.changed() => changed.ok()?,
+                        () = tokio::time::sleep(POLL) => {}
+                        () = self.stopping.cancelled() => return None,
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream ends: cannot read events");
+                    return None;
+                }
+            }
+        }
+    }
+}

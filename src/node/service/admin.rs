@@ -1,0 +1,111 @@
+//! What admins do to nodes through the API: list, show (with history and timelines),
+//! assign, label, revalidate. The label rules live here; HTTP only extracts and maps
+//! the errors.
+
+use crate::api::Mac;
+use crate::api::node::{LabelRequest, Node, NodeDetail, RevalidateAccepted};
+use crate::api::refs::ImageRef;
+use crate::registry::RegistryError;
+
+use super::NodeService;
+
+/// Timelines shown with a node.
+const TIMELINES_SHOWN: i64 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<crate::store::StoreError> for AdminError {
+    fn from(e: crate::store::StoreError) -> Self {
+        AdminError::Internal(e.to_string())
+    }
+}
+
+impl From<super::BootError> for AdminError {
+    fn from(e: super::BootError) -> Self {
+        AdminError::Internal(e.to_string())
+    }
+}
+
+impl From<RegistryError> for AdminError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::NotFound(m) => AdminError::NotFound(m),
+            RegistryError::Invalid(m) => AdminError::BadRequest(m),
+            e => AdminError::Internal(e.to_string()),
+        }
+    }
+}
+
+fn valid_label_key(k: &str) -> bool {
+    (1..=63).contains(&k.len())
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+}
+
+impl NodeService {
+    pub async fn list(&self) -> Result<Vec<Node>, AdminError> {
+        let nodes = self.store.nodes().await?;
+        Ok(nodes.into_iter().map(Node::from).collect())
+    }
+
+    pub async fn show(&self, mac: &Mac) -> Result<NodeDetail, AdminError> {
+        let store = &self.store;
+        let node = store
+            .node(mac)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))?;
+        Ok(NodeDetail {
+            node: node.into(),
+            history: store.node_history(mac).await?,
+            boots: self.timelines(mac, TIMELINES_SHOWN).await?,
+        })
+    }
+
+    /// Assigns a REF. It must resolve now (a typo is refused), and is resolved again at
+    /// each boot, so a node assigned a tag follows the tag.
+    pub async fn assign(&self, mac: &Mac, image: &str) -> Result<Node, AdminError> {
+        let reference =
+            ImageRef::parse(image).map_err(|e| AdminError::BadRequest(e.to_string()))?;
+        self.registry.resolve(&reference).await?;
+        let node = self
+            .registry
+            .store
+            .assign(mac, &reference.to_string())
+            .await?;
+        Ok(node.into())
+    }
+
+    /// Sets and removes labels in one write: keys are 1-63 characters from A-Z a-z 0-9
+    /// . _ - /, values up to 253 printable characters.
+    pub async fn label(&self, mac: &Mac, req: &LabelRequest) -> Result<Node, AdminError> {
+        for (k, v) in &req.set {
+            if !valid_label_key(k) || v.len() > 253 || v.chars().any(char::is_control) {
+                return Err(AdminError::BadRequest(format!(
+                    "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 printable characters"
+                )));
+            }
+        }
+        let node = self.store.label(mac, &req.set, &req.remove).await?;
+        node.map(Node::from)
+            .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))
+    }
+
+    /// The node's next heartbeat answers "revalidate".
+    pub async fn revalidate(&self, mac: &Mac) -> Result<RevalidateAccepted, AdminError> {
+        if !self.store.request_revalidate(mac).await? {
+            return Err(AdminError::NotFound(format!("no node {mac}")));
+        }
+        Ok(RevalidateAccepted {
+            outcome: "revalidate-requested".into(),
+            node: *mac,
+        })
+    }
+}
