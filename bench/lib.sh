@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN=$PWD/target/release/bootfleet
+# The load generators and the storm simulator: a binary of their own, not in the server.
+BENCH=$PWD/target/release/bootfleet-bench
 
 build_release() {
   cargo build --release --quiet

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Boot storm: N simulated nodes power on together and boot through the whole protocol
-# (bootfleet bench storm) against bootfleet, then against a reference stack of dnsmasq
+# (bootfleet-bench storm) against bootfleet, then against a reference stack of dnsmasq
 # (DHCP + TFTP) and nginx (HTTP) doing the same work up to the downloads, in the same
 # run; then the HTTP phase alone against both, and its loopback bound.
 #
@@ -55,7 +55,7 @@ table inet storm {
 NFT
   done
 fi
-sim() { ip netns exec $SIM "$BIN" "$@"; }
+sim() { ip netns exec $SIM "$BENCH" "$@"; }
 # summary REPORT.json: the storm's figures, one phase a line.
 summary() {
   python3 - "$1" <<'PY'
@@ -94,16 +94,16 @@ for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>
 BF_PID=$(srv pgrep -f "bootfleet --data-dir $work/data serve")
 export BOOTFLEET_SERVER=http://10.98.0.1:8080 BOOTFLEET_TOKEN
 BOOTFLEET_TOKEN=$(cat "$work/data/admin.token")
-mapfile -t urls < <(srv "$BIN" bench storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
+mapfile -t urls < <(srv "$BENCH" storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
   --initrd-mib "$initrd_mib" --reference-dir "$work/www")
 machine
 echo "nodes $nodes, UDP loss ${loss}%, power-on spread over $ramp, kernel ${kernel_mib} MiB + initrd ${initrd_mib} MiB, every 10th kernel download cut and resumed"
 echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kernel, initrd -> attest -> validate (8 GPUs) -> 2 heartbeats"
-sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
+sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
   --output json >"$work/bf.json"
 summary "$work/bf.json"
 echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DHCP (iPXE) -> scripts -> kernel, initrd"
-sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent --measure-pid "$BF_PID" \
+sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent --measure-pid "$BF_PID" \
   --output json >"$work/bf-noagent.json"
 summary "$work/bf-noagent.json"
 kill "$BF_PID"; wait "$BF_PID" 2>/dev/null || true
@@ -137,7 +137,7 @@ REF_PIDS=$(srv pgrep -d, -f "dnsmasq --keep-in-foreground|nginx -c $work/nginx.c
 echo "== dnsmasq + nginx: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> script -> kernel, initrd (no agent API)"
 # Without --bind-leased: dnsmasq 2.90 answered every TFTP request from a pool address routed
 # to the simulator with "unsupported request"; here all nodes send from 10.98.0.2.
-sim bench storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent \
+sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent \
   --measure-pid "$REF_PIDS" --output json >"$work/ref.json"
 summary "$work/ref.json"
 python3 - "$work/ref.json" "$work/bf-noagent.json" <<'PY'
@@ -156,9 +156,9 @@ srv "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >>"$wor
 for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
 bytes=$(( $(stat -c %s "$work/www/vmlinuz") + $(stat -c %s "$work/www/initrd.img") ))
 echo "== HTTP phase alone: $nodes clients at once, each on its own connection, kernel + initrd ($bytes bytes), every 10th cut and resumed"
-srv "$BIN" bench http --nodes "$nodes" --url "${urls[0]}" --url "${urls[1]}" --output json >"$work/http-bf.json"
-srv "$BIN" bench http --nodes "$nodes" --url http://10.98.0.1:8081/vmlinuz --url http://10.98.0.1:8081/initrd.img --output json >"$work/http-ref.json"
-srv "$BIN" bench bound --connections "$nodes" --bytes "$bytes" --output json >"$work/bound.json"
+srv "$BENCH" http --nodes "$nodes" --url "${urls[0]}" --url "${urls[1]}" --output json >"$work/http-bf.json"
+srv "$BENCH" http --nodes "$nodes" --url http://10.98.0.1:8081/vmlinuz --url http://10.98.0.1:8081/initrd.img --output json >"$work/http-ref.json"
+srv "$BENCH" bound --connections "$nodes" --bytes "$bytes" --output json >"$work/bound.json"
 python3 - "$work" <<'PY'
 import json, sys
 w = sys.argv[1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TFTP: bootfleet against tftpd-hpa and dnsmasq, same run, same client (`bootfleet bench
+# TFTP: bootfleet against tftpd-hpa and dnsmasq, same run, same client (`bootfleet-bench
 # tftp`), in a network namespace of its own (dnsmasq only listens on port 69), server
 # pinned to core 0 and clients to core 1. Scenarios:
 #   A. 200 concurrent clients x 1 MiB, blksize 1468 (and again asking windowsize 16)
@@ -47,7 +47,7 @@ bench() { # NAME ADDR ARGS... -> one summary line
   local name=$1 addr=$2; shift 2
   local out before after
   before=$(cpu_s "${pids[$name]}")
-  out=$(inns taskset -c 1 "$BIN" bench tftp --target "$addr" "$@" 2>&1 || true)
+  out=$(inns taskset -c 1 "$BENCH" tftp --target "$addr" "$@" 2>&1 || true)
   after=$(cpu_s "${pids[$name]}")
   printf '  %-10s %s; server CPU %.2f s\n' "$name" "${out%%$'\n'*}" "$(echo "$after - $before" | bc -l)"
 }

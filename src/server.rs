@@ -53,14 +53,16 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .map(crate::events::webhook::Webhook::load)
         .collect::<Result<Vec<_>, _>>()?;
     let registry = Registry::new(store.clone(), blobs, cfg.limits);
+    let controller = crate::node::controller::NodeController::new(store.clone());
     let nodes = crate::node::service::NodeService {
         store: store.clone(),
         registry: registry.clone(),
         templates,
-        controller: crate::node::controller::NodeController::new(store.clone()),
+        controller: controller.clone(),
         fetches: crate::node::service::fetches::FetchRecorder::start(store.clone()),
         reimage: crate::node::reimage::ReimageService {
             registry: registry.clone(),
+            controller: controller.clone(),
             budget: cfg.budget.clone(),
         },
         policy: cfg.lifecycle.clone(),
@@ -228,6 +230,7 @@ pub async fn start_dhcp(
         leases,
         directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
             store: server.store.clone(),
+            controller: server.http.nodes.controller.clone(),
         }),
         journal,
         metrics: Default::default(),

@@ -63,52 +63,14 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
             let images: Vec<Image> = client
                 .send(client.request(Method::GET, "/api/v1/images"))
                 .await?;
-            emit(out, &images, |images| {
-                println!(
-                    "{:<24} {:<20} {:<20} {:>10}  DIGEST",
-                    "NAME", "VERSION", "TAGS", "SIZE"
-                );
-                for i in images {
-                    let size: u64 = i.artifacts.iter().map(|a| a.size).sum();
-                    let tags: Vec<&str> = i
-                        .tags
-                        .iter()
-                        .map(|t| t.split_once(':').map_or(t.as_str(), |x| x.1))
-                        .collect();
-                    println!(
-                        "{:<24} {:<20} {:<20} {:>10}  {}",
-                        i.name,
-                        i.version,
-                        tags.join(","),
-                        human_bytes(size),
-                        i.digest
-                    );
-                }
-            })
+            emit(out, &images, |images| print_images(images))
         }
         ImageCommand::Show { reference } => {
             let r = ImageRef::parse(&reference)?;
             let detail: ImageDetail = client
                 .send(client.request(Method::GET, &format!("/api/v1/images/{r}")))
                 .await?;
-            emit(out, &detail, |d| {
-                let i = &d.image;
-                println!("image:    {}:{}", i.name, i.version);
-                println!("digest:   {}", i.digest);
-                println!("created:  {}", i.created_at);
-                println!("tags:     {}", i.tags.join(", "));
-                println!("artifacts:");
-                for a in &i.artifacts {
-                    println!(
-                        "  {:<7} {:<32} {:>10}  {}",
-                        a.role.as_str(),
-                        a.path,
-                        human_bytes(a.size),
-                        a.digest
-                    );
-                }
-                println!("manifest:\n{}", d.manifest.trim_end());
-            })
+            emit(out, &detail, print_image)
         }
         ImageCommand::Tag { reference, tag } => {
             let r = ImageRef::parse(&reference)?;
@@ -150,20 +112,7 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
             let report: VerifyReport = client
                 .send(client.request(Method::POST, "/api/v1/blobs/verify"))
                 .await?;
-            emit(out, &report, |r| {
-                println!("checked {} blobs ({})", r.checked, human_bytes(r.bytes));
-                for d in &r.quarantined {
-                    println!("QUARANTINED {d}: content does not match its digest");
-                }
-                for d in &r.missing {
-                    println!(
-                        "MISSING {d}: needed by an image; publish that image again to restore it"
-                    );
-                }
-                if r.quarantined.is_empty() && r.missing.is_empty() {
-                    println!("all blobs intact");
-                }
-            })?;
+            emit(out, &report, print_verify)?;
             if !report.quarantined.is_empty() || !report.missing.is_empty() {
                 bail!("verify found damaged or missing blobs");
             }
@@ -303,5 +252,61 @@ impl Write for ChannelWriter {
         self.tx
             .blocking_send(Ok(chunk))
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped"))
+    }
+}
+
+fn print_images(images: &[Image]) {
+    println!(
+        "{:<24} {:<20} {:<20} {:>10}  DIGEST",
+        "NAME", "VERSION", "TAGS", "SIZE"
+    );
+    for i in images {
+        let size: u64 = i.artifacts.iter().map(|a| a.size).sum();
+        let tags: Vec<&str> = i
+            .tags
+            .iter()
+            .map(|t| t.split_once(':').map_or(t.as_str(), |x| x.1))
+            .collect();
+        println!(
+            "{:<24} {:<20} {:<20} {:>10}  {}",
+            i.name,
+            i.version,
+            tags.join(","),
+            human_bytes(size),
+            i.digest
+        );
+    }
+}
+
+/// An image, its artifacts and its manifest as written.
+fn print_image(d: &ImageDetail) {
+    let i = &d.image;
+    println!("image:    {}:{}", i.name, i.version);
+    println!("digest:   {}", i.digest);
+    println!("created:  {}", i.created_at);
+    println!("tags:     {}", i.tags.join(", "));
+    println!("artifacts:");
+    for a in &i.artifacts {
+        println!(
+            "  {:<7} {:<32} {:>10}  {}",
+            a.role.as_str(),
+            a.path,
+            human_bytes(a.size),
+            a.digest
+        );
+    }
+    println!("manifest:\n{}", d.manifest.trim_end());
+}
+
+fn print_verify(r: &VerifyReport) {
+    println!("checked {} blobs ({})", r.checked, human_bytes(r.bytes));
+    for d in &r.quarantined {
+        println!("QUARANTINED {d}: content does not match its digest");
+    }
+    for d in &r.missing {
+        println!("MISSING {d}: needed by an image; publish that image again to restore it");
+    }
+    if r.quarantined.is_empty() && r.missing.is_empty() {
+        println!("all blobs intact");
     }
 }

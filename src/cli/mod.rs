@@ -1,10 +1,9 @@
 //! Command line: `bootfleet serve` and the admin commands, which talk to the server over HTTP.
 
-mod bench;
-mod client;
+pub mod client;
 mod image;
 mod node;
-mod output;
+pub mod output;
 mod serve;
 
 use std::path::PathBuf;
@@ -52,9 +51,6 @@ pub enum Command {
     /// List, show, assign, label, reimage and revalidate nodes; their history and events.
     #[command(subcommand)]
     Node(node::NodeCommand),
-    /// Load generators for the benchmarks (BENCHMARKS.md).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -67,16 +63,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(cmd) => {
             let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
             node::run(cmd, &client, cli.output).await
-        }
-        Command::Bench(cmd) => {
-            bench::run(
-                cmd,
-                cli.output,
-                &cli.server,
-                cli.token,
-                cli.data_dir.as_deref(),
-            )
-            .await
         }
     }
 }

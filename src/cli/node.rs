@@ -67,59 +67,13 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             let nodes: Vec<Node> = client
                 .send(client.request(Method::GET, "/api/v1/nodes"))
                 .await?;
-            emit(out, &nodes, |nodes| {
-                println!("{:<18} {:<20} {:<28} LABELS", "NODE", "STATE", "ASSIGNED");
-                for n in nodes {
-                    let labels: Vec<String> =
-                        n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    println!(
-                        "{:<18} {:<20} {:<28} {}",
-                        n.mac,
-                        n.state,
-                        n.assigned.as_deref().unwrap_or("-"),
-                        labels.join(",")
-                    );
-                }
-            })
+            emit(out, &nodes, |nodes| print_nodes(nodes))
         }
         NodeCommand::Show { node } => {
             let d: NodeDetail = client
                 .send(client.request(Method::GET, &format!("/api/v1/nodes/{}", mac(&node)?)))
                 .await?;
-            emit(out, &d, |d| {
-                let n = &d.node;
-                println!("node:     {}", n.mac);
-                println!("uuid:     {}", n.uuid.as_deref().unwrap_or("-"));
-                println!("state:    {} ({})", n.state, n.state_reason);
-                println!("assigned: {}", n.assigned.as_deref().unwrap_or("-"));
-                let labels: Vec<String> =
-                    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("labels:   {}", labels.join(", "));
-                println!("boots (newest first):");
-                for b in &d.boots {
-                    let end = match &b.stopped_at {
-                        Some(step) => format!("stopped at {step}"),
-                        None => "reached ready".into(),
-                    };
-                    println!("  {}  boot {}  {}  ({end})", b.at, b.id, b.image);
-                    for s in &b.steps {
-                        println!(
-                            "    {:<24} {:>9}  {}",
-                            s.step,
-                            format!("+{:.3}s", s.took_ms as f64 / 1000.0),
-                            s.outcome
-                        );
-                    }
-                }
-                println!("history:");
-                for h in &d.history {
-                    let from = h
-                        .from
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| "(new)".into());
-                    println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
-                }
-            })
+            emit(out, &d, print_detail)
         }
         NodeCommand::Assign { node, reference } => {
             let r = ImageRef::parse(&reference)?;
@@ -163,9 +117,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 )
                 .await?;
             emit(out, &n, |n| {
-                let labels: Vec<String> =
-                    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("{}: {}", n.mac, labels.join(", "));
+                println!("{}: {}", n.mac, labels_of(n).join(", "))
             })
         }
         NodeCommand::Reimage {
@@ -241,5 +193,58 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 }
             })
         }
+    }
+}
+
+fn labels_of(n: &Node) -> Vec<String> {
+    n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+fn print_nodes(nodes: &[Node]) {
+    println!("{:<18} {:<20} {:<28} LABELS", "NODE", "STATE", "ASSIGNED");
+    for n in nodes {
+        let labels = labels_of(n);
+        println!(
+            "{:<18} {:<20} {:<28} {}",
+            n.mac,
+            n.state,
+            n.assigned.as_deref().unwrap_or("-"),
+            labels.join(",")
+        );
+    }
+}
+
+/// A node, its recent boots as timelines, and its state history.
+fn print_detail(d: &NodeDetail) {
+    let n = &d.node;
+    println!("node:     {}", n.mac);
+    println!("uuid:     {}", n.uuid.as_deref().unwrap_or("-"));
+    println!("state:    {} ({})", n.state, n.state_reason);
+    println!("assigned: {}", n.assigned.as_deref().unwrap_or("-"));
+    let labels = labels_of(n);
+    println!("labels:   {}", labels.join(", "));
+    println!("boots (newest first):");
+    for b in &d.boots {
+        let end = match &b.stopped_at {
+            Some(step) => format!("stopped at {step}"),
+            None => "reached ready".into(),
+        };
+        println!("  {}  boot {}  {}  ({end})", b.at, b.id, b.image);
+        for s in &b.steps {
+            println!(
+                "    {:<24} {:>9}  {}",
+                s.step,
+                format!("+{:.3}s", s.took_ms as f64 / 1000.0),
+                s.outcome
+            );
+        }
+    }
+    println!("history:");
+    for h in &d.history {
+        let from = h
+            .from
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "(new)".into());
+        println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
     }
 }

@@ -137,17 +137,27 @@ pub async fn attest(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<crate::api::agent::Verdict>, ApiError> {
-    use crate::api::agent::AttestRequest;
-    // The token first: an unauthenticated caller learns nothing, not even parse errors.
-    let token = boot_token(&headers)?;
-    let req: AttestRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("attestation report: {e}")))?;
+    let (token, req) =
+        agent_request::<crate::api::agent::AttestRequest>(&headers, &body, "attestation report")?;
     state
         .nodes
         .attest(token, &req)
         .await
         .map(Json)
         .map_err(agent_error)
+}
+
+/// An agent call's boot token and body. The token first: an unauthenticated caller
+/// learns nothing, not even parse errors.
+fn agent_request<'h, R: serde::de::DeserializeOwned>(
+    headers: &'h HeaderMap,
+    body: &[u8],
+    what: &str,
+) -> Result<(&'h str, R), ApiError> {
+    let token = boot_token(headers)?;
+    let req =
+        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("{what}: {e}")))?;
+    Ok((token, req))
 }
 
 fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
@@ -176,9 +186,8 @@ pub async fn heartbeat(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<crate::api::agent::HeartbeatAnswer>, ApiError> {
-    let token = boot_token(&headers)?;
-    let req: crate::api::agent::HeartbeatRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("heartbeat: {e}")))?;
+    let (token, req) =
+        agent_request::<crate::api::agent::HeartbeatRequest>(&headers, &body, "heartbeat")?;
     state
         .nodes
         .heartbeat(token, &req)
@@ -243,9 +252,8 @@ pub async fn validate(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<crate::api::agent::ValidationVerdict>, ApiError> {
-    let token = boot_token(&headers)?;
-    let req: crate::api::agent::ValidateRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("validation report: {e}")))?;
+    let (token, req) =
+        agent_request::<crate::api::agent::ValidateRequest>(&headers, &body, "validation report")?;
     state
         .nodes
         .validate(token, &req)

@@ -1,10 +1,13 @@
 //! The one writer of node state: reads the node, asks the pure `transition`, writes with
-//! compare-and-set, and retries from a fresh read when another writer got there first.
+//! compare-and-set (with the row that belongs with the change, in one transaction), and
+//! retries from a fresh read when another writer got there first. Discovery and reimage
+//! requests, which also set a node's state, go through here too.
 
 use crate::api::Mac;
 use crate::node::state::{NodeEvent, TransitionError, transition};
-use crate::store::{CasOutcome, NewBoot, NodeRecord};
-use crate::store::{Store, StoreError};
+use crate::store::{
+    Attached, CasOutcome, NodeRecord, ReimageOutcome, ReimageRule, Store, StoreError,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -14,6 +17,9 @@ pub enum ControlError {
     NotAllowed(#[from] TransitionError),
     #[error("node {0} kept changing under us; try again")]
     Contended(Mac),
+    /// The attached attestation was recorded before: nothing changed.
+    #[error("this boot was already attested")]
+    AlreadyAttested,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -38,17 +44,17 @@ impl NodeController {
         event: NodeEvent,
         reason: &str,
     ) -> Result<NodeRecord, ControlError> {
-        self.apply_with_boot(mac, event, reason, None).await
+        self.apply_with(mac, event, reason, None).await
     }
 
-    /// As `apply`, and records `boot` in the same transaction: a boot record exists
-    /// exactly when its node moved to provisioning for it.
-    pub async fn apply_with_boot(
+    /// As `apply`, and writes `with` (a boot record, a verdict) in the same transaction:
+    /// the row exists exactly when its transition happened.
+    pub async fn apply_with(
         &self,
         mac: &Mac,
         event: NodeEvent,
         reason: &str,
-        boot: Option<&NewBoot<'_>>,
+        with: Option<&Attached<'_>>,
     ) -> Result<NodeRecord, ControlError> {
         for _ in 0..CAS_ATTEMPTS {
             let node = self
@@ -59,7 +65,7 @@ impl NodeController {
             let to = transition(node.state, event)?;
             match self
                 .store
-                .set_state(mac, node.version, node.state, to, reason, boot)
+                .set_state(mac, node.version, node.state, to, reason, with)
                 .await?
             {
                 CasOutcome::Done(updated) => {
@@ -67,8 +73,39 @@ impl NodeController {
                     return Ok(*updated);
                 }
                 CasOutcome::Stale => continue,
+                CasOutcome::AlreadyAttested => return Err(ControlError::AlreadyAttested),
             }
         }
         Err(ControlError::Contended(*mac))
+    }
+
+    /// Records `mac` as discovered unless it is known (keeping the newest UUID its
+    /// firmware sent); returns the node and whether it is new.
+    pub async fn discover(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+        reason: &str,
+    ) -> Result<(NodeRecord, bool), StoreError> {
+        let (node, new) = self.store.discover(mac, uuid, reason).await?;
+        if new {
+            tracing::info!(%mac, reason, "node discovered");
+        }
+        Ok((node, new))
+    }
+
+    /// Moves the node to reimaging if `rule` (the disruption budget) allows it, deciding
+    /// and writing in one transaction.
+    pub async fn reimage(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        rule: &ReimageRule<'_>,
+    ) -> Result<ReimageOutcome, StoreError> {
+        let outcome = self.store.request_reimage(mac, reason, rule).await?;
+        if let ReimageOutcome::Accepted(node) = &outcome {
+            tracing::info!(%mac, to = %node.state, reason, "node state changed");
+        }
+        Ok(outcome)
     }
 }

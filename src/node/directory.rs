@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::api::{Mac, NodeState};
 use crate::dhcp::decide::NodeView;
 use crate::dhcp::directory::NodeDirectory;
+use crate::node::controller::NodeController;
 use crate::store::Store;
 
 /// Label `boot=local`: the node boots from its own disk; we hand it no boot file.
@@ -25,6 +26,7 @@ pub fn wants_chainload(labels: &BTreeMap<String, String>) -> bool {
 /// nearly every packet), new MACs recorded as discovered.
 pub struct StoreDirectory {
     pub store: Store,
+    pub controller: NodeController,
 }
 
 #[async_trait]
@@ -33,7 +35,7 @@ impl NodeDirectory for StoreDirectory {
         let known = match self.store.node_for_dhcp(&mac).await {
             Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
             _ => self
-                .store
+                .controller
                 .discover(&mac, uuid, "first seen in DHCP")
                 .await
                 .map(|(node, _)| node),

@@ -74,6 +74,7 @@ impl Default for DisruptionBudget {
 #[derive(Clone)]
 pub struct ReimageService {
     pub registry: Registry,
+    pub controller: crate::node::controller::NodeController,
     pub budget: DisruptionBudget,
 }
 
@@ -131,7 +132,7 @@ impl ReimageService {
         let reason = format!("reimage requested: {reason}");
         let rule =
             |node: &NodeRecord, reimaging: &[NodeRecord]| decide(node, reimaging, &self.budget);
-        let (node, outcome) = match store.request_reimage(mac, &reason, &rule).await? {
+        let (node, outcome) = match self.controller.reimage(mac, &reason, &rule).await? {
             ReimageOutcome::Accepted(n) => (n, "accepted"),
             ReimageOutcome::Refused(ReimageDecision::AlreadyReimaging, n) => {
                 (n, "already-reimaging")

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::agent::{Failure, ValidationReport, ValidationVerdict};
+use crate::api::agent::{Failure, GpuFacts, ValidationReport, ValidationVerdict};
 
 /// XIDs that mean the GPU is not fit for work until reset or replaced: 48 (double-bit
 /// ECC), 63/64 (row remapping event/failure), 74 (NVLink error), 79 (fell off the bus),
@@ -81,27 +81,50 @@ fn bus_key(id: &str) -> String {
     }
 }
 
-pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdict {
-    let mut failures = Vec::new();
-    let mut fail = |check: &str, gpu: Option<u32>, reason: String| {
-        failures.push(Failure {
+/// Failures as the checks find them.
+#[derive(Default)]
+struct Findings(Vec<Failure>);
+
+impl Findings {
+    fn fail(&mut self, check: &str, gpu: Option<u32>, reason: String) {
+        self.0.push(Failure {
             check: check.into(),
             gpu,
             reason,
-        })
-    };
+        });
+    }
+}
+
+pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdict {
+    let mut found = Findings::default();
+    node_checks(report, want, &mut found);
+    for gpu in &report.gpus {
+        gpu_identity(gpu, want, &mut found);
+        gpu_link(gpu, want, &mut found);
+        gpu_memory_health(gpu, want, &mut found);
+    }
+    xid_checks(report, want, &mut found);
+    diagnostics(report, want, &mut found);
+    ValidationVerdict {
+        passed: found.0.is_empty(),
+        failures: found.0,
+    }
+}
+
+/// NVML reachable, the GPU count, the pinned driver.
+fn node_checks(report: &ValidationReport, want: &Expectations, found: &mut Findings) {
     if want.gpus > 0
         && let Some(e) = &report.nvml_error
     {
-        fail("nvml", None, e.clone());
+        found.fail("nvml", None, e.clone());
     }
-    let found = report.gpus.len() as u64;
-    if found != want.gpus {
+    let count = report.gpus.len() as u64;
+    if count != want.gpus {
         let plural = if want.gpus == 1 { "" } else { "s" };
-        fail(
+        found.fail(
             "gpu-count",
             None,
-            format!("expected {} GPU{plural}, found {found}", want.gpus),
+            format!("expected {} GPU{plural}, found {count}", want.gpus),
         );
     }
     if want.gpus > 0
@@ -109,156 +132,171 @@ pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdic
     {
         match &report.driver_version {
             Some(v) if v == pinned => {}
-            Some(v) => fail(
+            Some(v) => found.fail(
                 "driver",
                 None,
                 format!("driver {v} is loaded, the image pins {pinned}"),
             ),
-            None => fail(
+            None => found.fail(
                 "driver",
                 None,
                 format!("no driver version reported, the image pins {pinned}"),
             ),
         }
     }
-    for gpu in &report.gpus {
-        let i = Some(gpu.index);
-        let g = gpu.index;
-        if let Some(e) = &gpu.error {
-            fail("nvml", i, format!("GPU {g}: NVML: {e}"));
-        }
-        if let Some(model) = &want.gpu_model
-            && !gpu.name.contains(model.as_str())
-        {
-            fail(
-                "gpu-model",
-                i,
-                format!("GPU {g} is {:?}, expected {model}", gpu.name),
-            );
-        }
-        if let Some(min) = want.min_memory_mib
-            && gpu.memory_mib.is_none_or(|m| m < min)
-        {
-            let have = gpu
-                .memory_mib
-                .map_or("unknown".into(), |m| format!("{m} MiB"));
-            fail(
-                "gpu-memory",
-                i,
-                format!("GPU {g} has {have}, expected at least {min} MiB"),
-            );
-        }
-        if want.pcie_gen.is_some() || want.pcie_width.is_some() {
-            match gpu.pcie {
-                None => fail("pcie", i, format!("GPU {g}: PCIe link not reported")),
-                Some(link) => {
-                    if let Some(gen_min) = want.pcie_gen
-                        && u64::from(link.gen_current) < gen_min
-                    {
-                        fail(
-                            "pcie",
-                            i,
-                            format!(
-                                "GPU {g}: PCIe gen {} (max {}), expected at least {gen_min}",
-                                link.gen_current, link.gen_max
-                            ),
-                        );
-                    }
-                    if let Some(width) = want.pcie_width
-                        && u64::from(link.width_current) < width
-                    {
-                        fail(
-                            "pcie",
-                            i,
-                            format!(
-                                "GPU {g}: PCIe x{} (max x{}), expected at least x{width}",
-                                link.width_current, link.width_max
-                            ),
-                        );
-                    }
+}
+
+/// One GPU's NVML errors, model and memory size.
+fn gpu_identity(gpu: &GpuFacts, want: &Expectations, found: &mut Findings) {
+    let (i, g) = (Some(gpu.index), gpu.index);
+    if let Some(e) = &gpu.error {
+        found.fail("nvml", i, format!("GPU {g}: NVML: {e}"));
+    }
+    if let Some(model) = &want.gpu_model
+        && !gpu.name.contains(model.as_str())
+    {
+        found.fail(
+            "gpu-model",
+            i,
+            format!("GPU {g} is {:?}, expected {model}", gpu.name),
+        );
+    }
+    if let Some(min) = want.min_memory_mib
+        && gpu.memory_mib.is_none_or(|m| m < min)
+    {
+        let have = gpu
+            .memory_mib
+            .map_or("unknown".into(), |m| format!("{m} MiB"));
+        found.fail(
+            "gpu-memory",
+            i,
+            format!("GPU {g} has {have}, expected at least {min} MiB"),
+        );
+    }
+}
+
+/// One GPU's PCIe link and NVLinks.
+fn gpu_link(gpu: &GpuFacts, want: &Expectations, found: &mut Findings) {
+    let (i, g) = (Some(gpu.index), gpu.index);
+    if want.pcie_gen.is_some() || want.pcie_width.is_some() {
+        match gpu.pcie {
+            None => found.fail("pcie", i, format!("GPU {g}: PCIe link not reported")),
+            Some(link) => {
+                if let Some(gen_min) = want.pcie_gen
+                    && u64::from(link.gen_current) < gen_min
+                {
+                    found.fail(
+                        "pcie",
+                        i,
+                        format!(
+                            "GPU {g}: PCIe gen {} (max {}), expected at least {gen_min}",
+                            link.gen_current, link.gen_max
+                        ),
+                    );
+                }
+                if let Some(width) = want.pcie_width
+                    && u64::from(link.width_current) < width
+                {
+                    found.fail(
+                        "pcie",
+                        i,
+                        format!(
+                            "GPU {g}: PCIe x{} (max x{}), expected at least x{width}",
+                            link.width_current, link.width_max
+                        ),
+                    );
                 }
             }
         }
-        let down: Vec<String> = gpu
-            .nvlinks
-            .iter()
-            .filter(|l| !l.active)
-            .map(|l| l.link.to_string())
-            .collect();
-        if !down.is_empty() {
-            fail(
+    }
+    let down: Vec<String> = gpu
+        .nvlinks
+        .iter()
+        .filter(|l| !l.active)
+        .map(|l| l.link.to_string())
+        .collect();
+    if !down.is_empty() {
+        found.fail(
+            "nvlink",
+            i,
+            format!("GPU {g}: NVLink {} down", down.join(", ")),
+        );
+    }
+    if let Some(links) = want.nvlinks
+        && down.is_empty()
+    {
+        // Links that are down are named above; here, links missing from the report.
+        let up = gpu.nvlinks.iter().filter(|l| l.active).count() as u64;
+        if up < links {
+            found.fail(
                 "nvlink",
                 i,
-                format!("GPU {g}: NVLink {} down", down.join(", ")),
-            );
-        }
-        if let Some(links) = want.nvlinks
-            && down.is_empty()
-        {
-            // Links that are down are named above; here, links missing from the report.
-            let up = gpu.nvlinks.iter().filter(|l| l.active).count() as u64;
-            if up < links {
-                fail(
-                    "nvlink",
-                    i,
-                    format!("GPU {g}: {up} NVLinks up, expected {links}"),
-                );
-            }
-        }
-        if want.ecc_required && gpu.ecc_enabled != Some(true) {
-            let state = match gpu.ecc_enabled {
-                Some(false) => "disabled",
-                _ => "not reported",
-            };
-            fail("ecc", i, format!("GPU {g}: ECC {state}"));
-        }
-        if let Some(ecc) = gpu.ecc
-            && ecc.volatile_uncorrected > 0
-        {
-            fail(
-                "ecc",
-                i,
-                format!(
-                    "GPU {g}: {} uncorrected ECC errors since the driver loaded",
-                    ecc.volatile_uncorrected
-                ),
-            );
-        }
-        if let Some(r) = gpu.row_remap {
-            if r.pending {
-                fail(
-                    "row-remap",
-                    i,
-                    format!("GPU {g}: row remapping pending (needs a GPU reset)"),
-                );
-            }
-            if r.failure {
-                fail(
-                    "row-remap",
-                    i,
-                    format!("GPU {g}: row remapping failed (no spare rows left)"),
-                );
-            }
-        }
-        if let Some(p) = gpu.retired_pages
-            && p.pending
-        {
-            fail(
-                "retired-pages",
-                i,
-                format!("GPU {g}: page retirement pending (needs a GPU reset)"),
-            );
-        }
-        if let Some(t) = gpu.temperature_c
-            && u64::from(t) > want.max_temperature_c
-        {
-            fail(
-                "temperature",
-                i,
-                format!("GPU {g}: {t} C, above {} C", want.max_temperature_c),
+                format!("GPU {g}: {up} NVLinks up, expected {links}"),
             );
         }
     }
+}
+
+/// One GPU's ECC mode and errors, row remapping, retired pages and temperature.
+fn gpu_memory_health(gpu: &GpuFacts, want: &Expectations, found: &mut Findings) {
+    let (i, g) = (Some(gpu.index), gpu.index);
+    if want.ecc_required && gpu.ecc_enabled != Some(true) {
+        let state = match gpu.ecc_enabled {
+            Some(false) => "disabled",
+            _ => "not reported",
+        };
+        found.fail("ecc", i, format!("GPU {g}: ECC {state}"));
+    }
+    if let Some(ecc) = gpu.ecc
+        && ecc.volatile_uncorrected > 0
+    {
+        found.fail(
+            "ecc",
+            i,
+            format!(
+                "GPU {g}: {} uncorrected ECC errors since the driver loaded",
+                ecc.volatile_uncorrected
+            ),
+        );
+    }
+    if let Some(r) = gpu.row_remap {
+        if r.pending {
+            found.fail(
+                "row-remap",
+                i,
+                format!("GPU {g}: row remapping pending (needs a GPU reset)"),
+            );
+        }
+        if r.failure {
+            found.fail(
+                "row-remap",
+                i,
+                format!("GPU {g}: row remapping failed (no spare rows left)"),
+            );
+        }
+    }
+    if let Some(p) = gpu.retired_pages
+        && p.pending
+    {
+        found.fail(
+            "retired-pages",
+            i,
+            format!("GPU {g}: page retirement pending (needs a GPU reset)"),
+        );
+    }
+    if let Some(t) = gpu.temperature_c
+        && u64::from(t) > want.max_temperature_c
+    {
+        found.fail(
+            "temperature",
+            i,
+            format!("GPU {g}: {t} C, above {} C", want.max_temperature_c),
+        );
+    }
+}
+
+/// Fatal XIDs since boot, each named on its GPU when the bus id matches one.
+fn xid_checks(report: &ValidationReport, want: &Expectations, found: &mut Findings) {
     for xid in report
         .xids
         .iter()
@@ -276,17 +314,21 @@ pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdic
                 .map(|g| g.index)
         });
         let at = xid.pci_bus_id.as_deref().unwrap_or("unknown GPU");
-        fail("xid", gpu, format!("XID {} on {at} since boot", xid.code));
+        found.fail("xid", gpu, format!("XID {} on {at} since boot", xid.code));
     }
+}
+
+/// DCGM diagnostics (when asked for) and the named checks (a compute probe...).
+fn diagnostics(report: &ValidationReport, want: &Expectations, found: &mut Findings) {
     match (&report.dcgm, want.dcgm_level) {
-        (None, Some(level)) => fail(
+        (None, Some(level)) => found.fail(
             "dcgm",
             None,
             format!("DCGM diag level {level} was asked for and not reported"),
         ),
         (Some(tests), _) => {
             for t in tests.iter().filter(|t| !t.passed) {
-                fail(
+                found.fail(
                     "dcgm",
                     None,
                     format!("DCGM {} failed: {}", t.name, t.detail),
@@ -296,15 +338,11 @@ pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdic
         (None, None) => {}
     }
     for check in report.checks.iter().filter(|c| !c.passed) {
-        fail(
+        found.fail(
             &format!("check.{}", check.name),
             None,
             format!("{} failed: {}", check.name, check.detail),
         );
-    }
-    ValidationVerdict {
-        passed: failures.is_empty(),
-        failures,
     }
 }
 

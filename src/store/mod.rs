@@ -79,12 +79,32 @@ pub struct NewBoot<'a> {
     pub token_sha256: &'a Digest,
 }
 
+/// A row written in the transaction of the state change it belongs with.
+#[derive(Debug, Clone, Copy)]
+pub enum Attached<'a> {
+    /// Opens this boot: a boot record exists exactly when its node moved for it.
+    Boot(NewBoot<'a>),
+    /// The boot's attestation verdict and report; a boot is attested once.
+    Attestation {
+        boot_id: &'a str,
+        verdict_json: &'a str,
+        report_json: &'a str,
+    },
+    /// The boot's validation verdict (a revalidation replaces it).
+    Validation {
+        boot_id: &'a str,
+        verdict_json: &'a str,
+    },
+}
+
 /// The outcome of a compare-and-set state change.
 #[derive(Debug, PartialEq)]
 pub enum CasOutcome {
     Done(Box<NodeRecord>),
     /// Someone else changed the node since `version` was read.
     Stale,
+    /// The attached attestation was recorded before: nothing was written.
+    AlreadyAttested,
 }
 
 /// A boot as attestation needs it.
@@ -96,6 +116,8 @@ pub struct BootForAttest {
     pub created_at_ms: i64,
     /// The node's newest boot: a token from an older one has expired.
     pub latest: bool,
+    /// Attested already (a token attests once).
+    pub attested: bool,
 }
 
 #[derive(Debug, PartialEq)]
@@ -237,8 +259,9 @@ pub trait NodeStore: Send + Sync {
         set: &BTreeMap<String, String>,
         remove: &[String],
     ) -> Result<Option<NodeRecord>, StoreError>;
-    /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
-    /// in the same transaction when given (one commit, one fsync, per boot).
+    /// Moves `mac` to `to` if it is still at `version`, with a history row and its event,
+    /// and writes `with` in the same transaction (one commit, one fsync): a verdict is
+    /// never stored without its transition, nor a transition without its verdict.
     async fn set_state(
         &self,
         mac: &Mac,
@@ -246,7 +269,7 @@ pub trait NodeStore: Send + Sync {
         from: NodeState,
         to: NodeState,
         reason: &str,
-        boot: Option<&NewBoot<'_>>,
+        with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError>;
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError>;
     /// Reads the node and every node reimaging now, asks `rule`, and writes what it
@@ -280,14 +303,6 @@ pub trait NodeStore: Send + Sync {
 #[async_trait]
 pub trait BootStore: Send + Sync {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError>;
-    /// Stores the verdict and report of boot `id`; false if it was attested before (a
-    /// replay).
-    async fn record_attestation(
-        &self,
-        id: &str,
-        verdict_json: &str,
-        report_json: &str,
-    ) -> Result<bool, StoreError>;
     /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
     /// with a made-up boot id writes nothing.
     /// Records `fetches` in one transaction, one fsync for the lot: a boot storm's
@@ -300,8 +315,6 @@ pub trait BootStore: Send + Sync {
     async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError>;
     /// One boot's facts, by id.
     async fn boot_by_id(&self, id: &str) -> Result<Option<BootFacts>, StoreError>;
-    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
-    async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError>;
     /// How many times the node failed validation since it was last ready (or ever).
     async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError>;
 }

@@ -1,10 +1,11 @@
-//! The boot-storm simulator (`bootfleet bench storm`): N nodes power on together and go
+//! The boot-storm simulator (`bootfleet-bench storm`): N nodes power on together and go
 //! through the whole boot against a running server: DHCP as a PXE ROM, TFTP of the boot
 //! file, DHCP as iPXE, the boot script, kernel and initrd (some cut and resumed), then
 //! attest, validate and heartbeats. `dhcp` is the shared firmware-like DHCP client,
 //! `node` one node's boot, `report` the figures (pure), `setup` the image and assignments,
 //! `copy` the HTTP phase alone and its loopback bound, `procstat` the server's cost.
 
+pub mod bench;
 pub mod copy;
 pub mod dhcp;
 pub mod node;

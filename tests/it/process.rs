@@ -351,3 +351,28 @@ fn kill_9_during_publish_leaves_a_consistent_store() {
     // Some kill must have hit a publish in flight, with blobs half-received.
     assert!(outcomes.iter().any(|o| o.1 && o.2 == 0), "{outcomes:?}");
 }
+
+/// The server binary ships no load generator; `bootfleet-bench` has them all.
+#[test]
+fn load_generators_live_in_their_own_binary() {
+    let help = |bin: &std::path::Path| {
+        let out = std::process::Command::new(bin)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{} --help failed", bin.display());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let server = help(bin());
+    assert!(
+        !server.contains("bench"),
+        "bootfleet --help lists bench:\n{server}"
+    );
+    let bench = help(std::path::Path::new(env!("CARGO_BIN_EXE_bootfleet-bench")));
+    for command in ["tftp", "storm-setup", "storm", "http", "bound"] {
+        assert!(
+            bench.lines().any(|l| l.trim_start().starts_with(command)),
+            "bootfleet-bench --help lacks {command}:\n{bench}"
+        );
+    }
+}

@@ -75,11 +75,7 @@ impl NodeService {
         let reference =
             ImageRef::parse(image).map_err(|e| AdminError::BadRequest(e.to_string()))?;
         self.registry.resolve(&reference).await?;
-        let node = self
-            .registry
-            .store
-            .assign(mac, &reference.to_string())
-            .await?;
+        let node = self.store.assign(mac, &reference.to_string()).await?;
         Ok(node.into())
     }
 

@@ -12,7 +12,9 @@ use crate::api::Mac;
 use crate::api::agent::{AttestRequest, Verdict};
 use crate::api::image::Role;
 use crate::node::attest::{Expected, Received, judge};
+use crate::node::controller::ControlError;
 use crate::node::state::NodeEvent;
+use crate::store::Attached;
 
 /// How long a boot token may be used to attest.
 pub const TOKEN_LIFETIME_MS: i64 = 24 * 3600 * 1000;
@@ -57,22 +59,20 @@ impl From<crate::store::StoreError> for AttestError {
 impl NodeService {
     pub async fn attest(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let result = self.attest_inner(token, req).await;
-        self.note_refusal("attest", &req.boot_id, &req.mac, &result)
-            .await;
-        result
+        self.noted("attest", &req.boot_id, &req.mac, result).await
     }
 
-    /// Logs and records a refused agent call as an event (a recording failure is logged:
-    /// the caller is refused either way).
-    pub(super) async fn note_refusal<T>(
+    /// Passes an agent call's result on, logging and recording a refusal as an event
+    /// first (a recording failure is logged: the caller is refused either way).
+    pub(super) async fn noted<T>(
         &self,
         route: &str,
         boot_id: &str,
         mac: &Mac,
-        result: &Result<T, AttestError>,
-    ) {
-        let Err(AttestError::Refused(refusal)) = result else {
-            return;
+        result: Result<T, AttestError>,
+    ) -> Result<T, AttestError> {
+        let Err(AttestError::Refused(refusal)) = &result else {
+            return result;
         };
         tracing::warn!(security = true, route, boot = %boot_id, %mac, %refusal, "agent report refused");
         // The boot id is the caller's claim: keep it short in the log.
@@ -83,7 +83,6 @@ impl NodeService {
             reason: refusal.to_string(),
         };
         if let Err(e) = self
-            .registry
             .store
             .record_event(
                 crate::api::event::kind::REPORT_REFUSED,
@@ -94,6 +93,7 @@ impl NodeService {
         {
             tracing::warn!(error = %e, "cannot record a refused report");
         }
+        result
     }
 
     /// The checks every agent call makes: this boot's token, this boot's node, its newest boot.
@@ -104,7 +104,6 @@ impl NodeService {
         mac: &Mac,
     ) -> Result<crate::store::BootForAttest, AttestError> {
         let boot = self
-            .registry
             .store
             .boot_for_attest(boot_id)
             .await?
@@ -137,6 +136,10 @@ impl NodeService {
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
         if crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());
+        }
+        // Checked again where the verdict is written (a race cannot attest twice).
+        if boot.attested {
+            return Err(Refusal::Replayed.into());
         }
         let Some(image) = self.image(&boot.image).await? else {
             return Err(Refusal::BadToken.into());
@@ -174,12 +177,6 @@ impl NodeService {
         );
         let json = serde_json::to_string(&verdict).expect("verdict serialises");
         let report = serde_json::to_string(&req.report).expect("report serialises");
-        if !store
-            .record_attestation(&req.boot_id, &json, &report)
-            .await?
-        {
-            return Err(Refusal::Replayed.into());
-        }
         let reason = if verdict.passed {
             format!("boot {} attested: runs {}", req.boot_id, boot.image)
         } else {
@@ -194,16 +191,24 @@ impl NodeService {
                 named.join("; ")
             )
         };
-        self.controller
-            .apply(
-                &boot.mac,
-                NodeEvent::Attested {
-                    passed: verdict.passed,
-                },
-                &reason,
-            )
+        // The verdict and the transition it causes commit together, or neither does.
+        let attestation = Attached::Attestation {
+            boot_id: &req.boot_id,
+            verdict_json: &json,
+            report_json: &report,
+        };
+        let event = NodeEvent::Attested {
+            passed: verdict.passed,
+        };
+        match self
+            .controller
+            .apply_with(&boot.mac, event, &reason, Some(&attestation))
             .await
-            .map_err(BootError::from)?;
-        Ok(verdict)
+        {
+            Ok(_) => Ok(verdict),
+            Err(ControlError::AlreadyAttested) => Err(Refusal::Replayed.into()),
+            Err(ControlError::NotAllowed(e)) => Err(AttestError::NotNow(e.to_string())),
+            Err(e) => Err(BootError::from(e).into()),
+        }
     }
 }

@@ -39,9 +39,8 @@ impl NodeService {
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatAnswer, AttestError> {
         let result = self.heartbeat_inner(token, req).await;
-        self.note_refusal("heartbeat", &req.boot_id, &req.mac, &result)
-            .await;
-        result
+        self.noted("heartbeat", &req.boot_id, &req.mac, result)
+            .await
     }
 
     async fn heartbeat_inner(

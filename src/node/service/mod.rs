@@ -25,7 +25,7 @@ use crate::image::manifest::Manifest;
 use crate::node::controller::{ControlError, NodeController};
 use crate::node::state::NodeEvent;
 use crate::registry::Registry;
-use crate::store::StoreError;
+use crate::store::{Attached, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
@@ -108,8 +108,8 @@ impl NodeService {
         mac: &Mac,
         uuid: Option<&str>,
     ) -> Result<String, BootError> {
-        let store = &self.store;
-        let (node, new) = store
+        let (node, new) = self
+            .controller
             .discover(mac, uuid, "first seen network-booting")
             .await?;
         let hyphens = mac.to_string().replace(':', "-");
@@ -144,13 +144,13 @@ impl NodeService {
             "boot {boot_id}: {}:{} {}",
             image.name, image.version, image.digest
         );
-        let boot = crate::store::NewBoot {
+        let boot = Attached::Boot(crate::store::NewBoot {
             id: &boot_id,
             image: &image.digest,
             token_sha256: &token_sha256,
-        };
+        });
         self.controller
-            .apply_with_boot(mac, NodeEvent::BootStarted, &reason, Some(&boot))
+            .apply_with(mac, NodeEvent::BootStarted, &reason, Some(&boot))
             .await?;
         Ok(self.templates.node(&NodeBoot {
             server,

@@ -9,6 +9,16 @@ use crate::api::agent::{ValidateRequest, ValidationVerdict};
 use crate::node::controller::ControlError;
 use crate::node::state::NodeEvent;
 use crate::node::validate::{Expectations, judge};
+use crate::store::Attached;
+
+/// A boot's validation verdict as stored: what the timeline and the drift baseline read
+/// back (`passed`, and the GPUs validated).
+#[derive(serde::Serialize)]
+struct StoredValidation<'a> {
+    passed: bool,
+    failures: &'a [crate::api::agent::Failure],
+    gpus: Vec<&'a str>,
+}
 
 impl NodeService {
     pub async fn validate(
@@ -17,9 +27,7 @@ impl NodeService {
         req: &ValidateRequest,
     ) -> Result<ValidationVerdict, AttestError> {
         let result = self.validate_inner(token, req).await;
-        self.note_refusal("validate", &req.boot_id, &req.mac, &result)
-            .await;
-        result
+        self.noted("validate", &req.boot_id, &req.mac, result).await
     }
 
     async fn validate_inner(
@@ -48,14 +56,12 @@ impl NodeService {
         let expect = Expectations::from_manifest(&image.manifest.validation, &image.manifest.pins);
         let verdict = judge(&req.report, &expect);
         let gpus: Vec<&str> = req.report.gpus.iter().map(|g| g.uuid.as_str()).collect();
-        let stored = serde_json::json!({
-            "passed": verdict.passed,
-            "failures": verdict.failures,
-            "gpus": gpus,
-        });
-        store
-            .record_validation(&req.boot_id, &stored.to_string())
-            .await?;
+        let stored = serde_json::to_string(&StoredValidation {
+            passed: verdict.passed,
+            failures: &verdict.failures,
+            gpus,
+        })
+        .expect("verdict serialises");
         let mac = &req.mac;
         let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
         let not_now = |e: ControlError| match e {
@@ -83,14 +89,16 @@ impl NodeService {
                 named.join("; ")
             )
         };
+        // The verdict and the transition it causes commit together, or neither does.
+        let validation = Attached::Validation {
+            boot_id: &req.boot_id,
+            verdict_json: &stored,
+        };
+        let event = NodeEvent::Validated {
+            passed: verdict.passed,
+        };
         self.controller
-            .apply(
-                mac,
-                NodeEvent::Validated {
-                    passed: verdict.passed,
-                },
-                &reason,
-            )
+            .apply_with(mac, event, &reason, Some(&validation))
             .await
             .map_err(not_now)?;
         if !verdict.passed {

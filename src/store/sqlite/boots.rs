@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{SqliteStore, parse_digest};
 use crate::api::Mac;
-use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError, now_ms};
+use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 type BootRow = (
     String,
@@ -37,15 +37,16 @@ fn json(column: &str, text: Option<String>) -> Result<Option<serde_json::Value>,
 #[async_trait]
 impl BootStore for SqliteStore {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
-        let row: Option<(String, String, String, i64, String)> = sqlx::query_as(
+        let row: Option<(String, String, String, i64, String, bool)> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
-                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1)
+                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1),
+                    b.attested_at_ms IS NOT NULL
              FROM boots b WHERE b.id = ?",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(mac, image, token, at, latest)| {
+        row.map(|(mac, image, token, at, latest, attested)| {
             Ok(BootForAttest {
                 mac: mac
                     .parse()
@@ -54,29 +55,10 @@ impl BootStore for SqliteStore {
                 token_sha256: parse_digest(&token)?,
                 created_at_ms: at,
                 latest: latest == id,
+                attested,
             })
         })
         .transpose()
-    }
-    /// Stores the verdict and report of boot `id`; false if it was attested before (a
-    /// replay).
-    async fn record_attestation(
-        &self,
-        id: &str,
-        verdict_json: &str,
-        report_json: &str,
-    ) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        let changed = sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
-            .bind(now_ms())
-            .bind(verdict_json)
-            .bind(report_json)
-            .bind(id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        Ok(changed == 1)
     }
     /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
     /// with a made-up boot id writes nothing.
@@ -150,18 +132,6 @@ impl BootStore for SqliteStore {
             Some(row) => Ok(Some(self.facts_from_row(row).await?)),
             None => Ok(None),
         }
-    }
-    /// Stores the validation verdict and report of boot `id` (a revalidation replaces it).
-    async fn record_validation(&self, id: &str, verdict_json: &str) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
-            .bind(now_ms())
-            .bind(verdict_json)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
     /// How many times the node failed validation since it was last ready (or ever).
     async fn validation_failures_since_ready(&self, mac: &Mac) -> Result<u32, StoreError> {

@@ -9,8 +9,8 @@ use super::SqliteStore;
 use crate::api::node::StateChange;
 use crate::api::{Mac, NodeState};
 use crate::store::{
-    CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome, ReimageRule,
-    StoreError, format_ms, now_ms,
+    Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
+    ReimageRule, StoreError, format_ms, now_ms,
 };
 
 type NodeRow = (
@@ -92,6 +92,51 @@ async fn insert_history(
         at_ms,
     )
     .await
+}
+
+/// Writes the row that belongs with a state change; false when an attestation was
+/// recorded before (the caller rolls back).
+async fn write_attached(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    with: &Attached<'_>,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let written = match *with {
+        Attached::Boot(NewBoot {
+            id,
+            image,
+            token_sha256,
+        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES (?, ?, ?, ?, ?)")
+            .bind(id)
+            .bind(mac.to_string())
+            .bind(image.to_string())
+            .bind(token_sha256.to_string())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?,
+        Attached::Attestation {
+            boot_id,
+            verdict_json,
+            report_json,
+        } => sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
+            .bind(now)
+            .bind(verdict_json)
+            .bind(report_json)
+            .bind(boot_id)
+            .execute(&mut *conn)
+            .await?,
+        Attached::Validation {
+            boot_id,
+            verdict_json,
+        } => sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
+            .bind(now)
+            .bind(verdict_json)
+            .bind(boot_id)
+            .execute(&mut *conn)
+            .await?,
+    };
+    Ok(written.rows_affected() == 1)
 }
 
 async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
@@ -235,7 +280,7 @@ impl NodeStore for SqliteStore {
         from: NodeState,
         to: NodeState,
         reason: &str,
-        boot: Option<&NewBoot<'_>>,
+        with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
@@ -254,15 +299,10 @@ impl NodeStore for SqliteStore {
         if changed == 0 {
             return Ok(CasOutcome::Stale);
         }
-        if let Some(boot) = boot {
-            sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES (?, ?, ?, ?, ?)")
-                .bind(boot.id)
-                .bind(mac.to_string())
-                .bind(boot.image.to_string())
-                .bind(boot.token_sha256.to_string())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+        if let Some(with) = with
+            && !write_attached(&mut tx, mac, with, now).await?
+        {
+            return Ok(CasOutcome::AlreadyAttested);
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit().await?;

@@ -1,4 +1,5 @@
-//! `bootfleet bench ...`: load generators for the benchmarks in BENCHMARKS.md.
+//! `bootfleet-bench ...`: the load generators for the benchmarks in BENCHMARKS.md (a
+//! binary of its own: an operator's `bootfleet` ships none).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,8 +8,8 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 use serde::Serialize;
 
-use super::output::{OutputFormat, emit};
 use crate::api::Digest;
+use crate::cli::output::{OutputFormat, emit};
 use crate::tftp::client::{ClientOptions, fetch};
 
 #[derive(Debug, Subcommand)]
@@ -153,7 +154,7 @@ pub async fn run(
             initrd_mib,
             reference_dir,
         } => {
-            let client = super::client::Client::new(server, token, data_dir)?;
+            let client = crate::cli::client::Client::new(server, token, data_dir)?;
             let token = client
                 .token()
                 .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;
