@@ -8,6 +8,7 @@
 # per run, when each boot step reached the serial console (seconds from power-on). Needs what deploy/lab/run.sh needs, plus dnsmasq-base
 # and nginx-light.
 source "$(dirname "$0")/lib.sh"
+source deploy/lab/vm.sh
 runs=${1:-3}
 [ "$(id -u)" = 0 ] || { echo "run as root (namespaces, tap devices)" >&2; exit 1; }
 for tool in qemu-system-x86_64 dnsmasq nginx; do
@@ -36,16 +37,8 @@ mac=52:54:00:97:00:01
 
 # power_on FIRMWARE LOG: starts the VM in the background; sets VM_PID.
 power_on() {
-  local q=(qemu-system-x86_64 -machine q35,accel=tcg -m 512 -nographic -monitor none -no-reboot
-    -serial "file:$2" -netdev tap,id=n0,ifname=tap0,script=no,downscript=no -boot n)
-  if [ "$1" = uefi ]; then
-    cp /usr/share/OVMF/OVMF_VARS_4M.fd "$work/vars.fd"
-    q+=(-drive if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd
-      -drive "if=pflash,format=raw,file=$work/vars.fd" -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
-  else
-    q+=(-device "virtio-net-pci,netdev=n0,mac=$mac")
-  fi
-  ip netns exec "$NS" "${q[@]}" >/dev/null 2>&1 &
+  vm_command "$1" "$2" "$work" "$mac"
+  ip netns exec "$NS" "${VM_COMMAND[@]}" >/dev/null 2>&1 &
   VM_PID=$!
 }
 

@@ -7,6 +7,7 @@
 # Usage: sudo deploy/lab/run.sh [bios|uefi]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source deploy/lab/vm.sh
 firmware=${1:-bios}
 [ "$(id -u)" = 0 ] || { echo "run as root: network namespaces and tap devices" >&2; exit 1; }
 need=(qemu-system-x86 ipxe-qemu ipxe ovmf busybox-static cpio binutils iproute2 curl)
@@ -56,16 +57,8 @@ bf image publish "$work/demo" --tag demo:stable
 mac=52:54:00:99:99:01
 bf node assign "$mac" demo:stable
 echo "== powering on a $firmware machine (serial console: $work/serial.log)"
-qemu=(qemu-system-x86_64 -machine q35,accel=tcg -m 512 -nographic -monitor none -no-reboot
-  -serial "file:$work/serial.log" -netdev tap,id=n0,ifname=tap0,script=no,downscript=no -boot n)
-if [ "$firmware" = uefi ]; then
-  cp /usr/share/OVMF/OVMF_VARS_4M.fd "$work/vars.fd"
-  qemu+=(-drive if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd
-    -drive "if=pflash,format=raw,file=$work/vars.fd" -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
-else
-  qemu+=(-device "virtio-net-pci,netdev=n0,mac=$mac")
-fi
-ip netns exec "$NS" "${qemu[@]}" >/dev/null 2>&1 &
+vm_command "$firmware" "$work/serial.log" "$work" "$mac"
+ip netns exec "$NS" "${VM_COMMAND[@]}" >/dev/null 2>&1 &
 start=$(date +%s)
 state=
 while [ "$state" != ready ]; do

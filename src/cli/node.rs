@@ -95,17 +95,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             })
         }
         NodeCommand::Label { node, labels } => {
-            let mut set = BTreeMap::new();
-            let mut remove = Vec::new();
-            for l in &labels {
-                match (l.split_once('='), l.strip_suffix('-')) {
-                    (Some((k, v)), _) => {
-                        set.insert(k.to_string(), v.to_string());
-                    }
-                    (None, Some(k)) => remove.push(k.to_string()),
-                    _ => bail!("label {l:?}: use key=value to set, key- to remove"),
-                }
-            }
+            let request = parse_labels(&labels)?;
             let n: Node = client
                 .send(
                     client
@@ -113,7 +103,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                             Method::PATCH,
                             &format!("/api/v1/nodes/{}/labels", mac(&node)?),
                         )
-                        .json(&LabelRequest { set, remove }),
+                        .json(&request),
                 )
                 .await?;
             emit(out, &n, |n| {
@@ -153,22 +143,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                     ),
                 ))
                 .await?;
-            emit(out, &page, |page| {
-                for e in &page.events {
-                    let data = &e.data;
-                    let what = match (data["from"].as_str(), data["to"].as_str()) {
-                        (from, Some(to)) => format!("{} -> {to}", from.unwrap_or("(new)")),
-                        _ => String::new(),
-                    };
-                    println!(
-                        "{:>6}  {}  {:<16} {what}  {}",
-                        e.seq,
-                        e.at,
-                        e.kind,
-                        data["reason"].as_str().unwrap_or("")
-                    );
-                }
-            })
+            emit(out, &page, print_events)
         }
         NodeCommand::Revalidate { node } => {
             let answer: RevalidateAccepted = client
@@ -246,5 +221,39 @@ fn print_detail(d: &NodeDetail) {
             .map(|s| s.to_string())
             .unwrap_or_else(|| "(new)".into());
         println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
+    }
+}
+
+/// `key=value` sets a label, `key-` removes one.
+fn parse_labels(labels: &[String]) -> anyhow::Result<LabelRequest> {
+    let mut set = BTreeMap::new();
+    let mut remove = Vec::new();
+    for l in labels {
+        match (l.split_once('='), l.strip_suffix('-')) {
+            (Some((k, v)), _) => {
+                set.insert(k.to_string(), v.to_string());
+            }
+            (None, Some(k)) => remove.push(k.to_string()),
+            _ => bail!("label {l:?}: use key=value to set, key- to remove"),
+        }
+    }
+    Ok(LabelRequest { set, remove })
+}
+
+/// Events, one a line: seq, time, kind, the transition if any, the reason.
+fn print_events(page: &EventPage) {
+    for e in &page.events {
+        let data = &e.data;
+        let what = match (data["from"].as_str(), data["to"].as_str()) {
+            (from, Some(to)) => format!("{} -> {to}", from.unwrap_or("(new)")),
+            _ => String::new(),
+        };
+        println!(
+            "{:>6}  {}  {:<16} {what}  {}",
+            e.seq,
+            e.at,
+            e.kind,
+            data["reason"].as_str().unwrap_or("")
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Normalisation of paths inside a bundle: the one gate that keeps names inside it.
+//! Normalisation of relative paths: the one gate that keeps names inside their root,
+//! for bundle entries and for the files TFTP and `/ipxe` serve.
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PathError {
@@ -10,16 +11,21 @@ pub enum PathError {
     BadCharacter,
     #[error("path is empty")]
     Empty,
-    #[error("path is longer than {MAX_PATH_LEN} bytes")]
-    TooLong,
+    #[error("path is longer than {0} bytes")]
+    TooLong(usize),
 }
 
 pub const MAX_PATH_LEN: usize = 1024;
 
 /// Returns the canonical spelling of a relative path (`./a//b` -> `a/b`), or why it is refused.
 pub fn normalize_path(p: &str) -> Result<String, PathError> {
-    if p.len() > MAX_PATH_LEN {
-        return Err(PathError::TooLong);
+    normalize_path_within(p, MAX_PATH_LEN)
+}
+
+/// `normalize_path` with a length limit of `max_len` bytes.
+pub fn normalize_path_within(p: &str, max_len: usize) -> Result<String, PathError> {
+    if p.len() > max_len {
+        return Err(PathError::TooLong(max_len));
     }
     if p.starts_with('/') {
         return Err(PathError::Absolute);
@@ -64,6 +70,6 @@ mod tests {
         check("a\\b", Err(PathError::BadCharacter));
         check("a\nb", Err(PathError::BadCharacter));
         check("./", Err(PathError::Empty));
-        check(&"a".repeat(2000), Err(PathError::TooLong));
+        check(&"a".repeat(2000), Err(PathError::TooLong(MAX_PATH_LEN)));
     }
 }

@@ -11,26 +11,15 @@ use bytes::Bytes;
 
 use crate::api::Digest;
 use crate::image::blobstore::BlobStore;
-use crate::image::bundle_path::normalize_path;
+use crate::image::bundle_path::normalize_path_within;
 
 /// Longest file name accepted; iPXE and firmware names are far shorter.
 pub const MAX_NAME_LEN: usize = 255;
 /// Files up to this size are kept in memory once read (iPXE binaries are 70 KiB-1 MiB).
 pub const CACHE_MAX_FILE: u64 = 8 << 20;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
-    #[error("file name is empty")]
-    Empty,
-    #[error("file name longer than {MAX_NAME_LEN} bytes")]
-    TooLong,
-    #[error("absolute paths are not served")]
-    Absolute,
-    #[error("'..' is not allowed")]
-    ParentDir,
-    #[error("backslashes and control characters are not allowed")]
-    BadCharacter,
-}
+/// Why a requested name is refused: the bundle path rules, with TFTP's length limit.
+pub use crate::image::bundle_path::PathError as NameError;
 
 /// The contents to send: shared memory for cached files, else an open file.
 pub enum Content {
@@ -57,20 +46,7 @@ pub struct FileSource {
 
 /// Checks a requested name and returns its normalised form.
 pub fn check_name(name: &str) -> Result<String, NameError> {
-    if name.len() > MAX_NAME_LEN {
-        return Err(NameError::TooLong);
-    }
-    if name.starts_with('/') {
-        return Err(NameError::Absolute);
-    }
-    use crate::image::bundle_path::PathError;
-    normalize_path(name).map_err(|e| match e {
-        PathError::Absolute => NameError::Absolute,
-        PathError::ParentDir => NameError::ParentDir,
-        PathError::BadCharacter => NameError::BadCharacter,
-        PathError::Empty => NameError::Empty,
-        PathError::TooLong => NameError::TooLong,
-    })
+    normalize_path_within(name, MAX_NAME_LEN)
 }
 
 impl FileSource {
@@ -175,7 +151,7 @@ mod tests {
         check("a\\b", Err(NameError::BadCharacter));
         check("a\u{1}b", Err(NameError::BadCharacter));
         check("", Err(NameError::Empty));
-        check(&"a".repeat(300), Err(NameError::TooLong));
+        check(&"a".repeat(300), Err(NameError::TooLong(MAX_NAME_LEN)));
     }
 
     #[test]

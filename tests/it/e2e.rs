@@ -303,6 +303,53 @@ async fn wait_for(
     }
 }
 
+/// The firmware a VM boots with.
+#[derive(Clone, Copy)]
+enum Firmware {
+    /// SeaBIOS with QEMU's iPXE ROM.
+    Bios,
+    /// OVMF (a fresh copy of its variables per VM).
+    Uefi,
+}
+
+/// A powered-on VM's serial console and when it was powered on.
+struct Vm {
+    logs: tempfile::TempDir,
+    powered: Instant,
+}
+
+impl Vm {
+    fn log(&self) -> PathBuf {
+        self.logs.path().join("serial.log")
+    }
+
+    fn serial(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+}
+
+/// Powers `mac` on with `firmware` and waits until `done` holds (see `wait_for`).
+async fn boot_until(
+    segment: &mut Segment,
+    server: &TestServer,
+    mac: &str,
+    firmware: Firmware,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> (Value, Vm) {
+    let vm = Vm {
+        logs: tempfile::tempdir().unwrap(),
+        powered: Instant::now(),
+    };
+    match firmware {
+        Firmware::Bios => segment.power_on(mac, &vm.log()),
+        Firmware::Uefi => segment.power_on_uefi(mac, &vm.log(), &vm.logs.path().join("vars.fd")),
+    }
+    let node = wait_for(server, mac, &vm.log(), limit, what, done).await;
+    (node, vm)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_version() {
     require();
@@ -313,20 +360,17 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
     let v1 = publish_and_assign(&server, &v1_dir, &mac).await;
 
     // (a) Power on: DHCP -> QEMU's iPXE ROM -> script -> kernel, initrd -> agent -> ready.
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("serial.log");
-    let powered = Instant::now();
-    segment.power_on(&mac, &log);
-    let node = wait_for(
+    let (node, vm) = boot_until(
+        &mut segment,
         &server,
         &mac,
-        &log,
+        Firmware::Bios,
         Duration::from_secs(240),
         "first boot to ready",
         |n| n["state"] == "ready",
     )
     .await;
-    let first_boot = powered.elapsed();
+    let first_boot = vm.powered.elapsed();
     assert_eq!(node["boots"][0]["image"], v1["digest"]);
     let steps: Vec<&str> = node["boots"][0]["steps"]
         .as_array()
@@ -380,7 +424,7 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
     let node = wait_for(
         &server,
         &mac,
-        &log,
+        &vm.log(),
         Duration::from_secs(240),
         "rollout to ready on demo:2",
         |n| n["state"] == "ready" && n["boots"][0]["image"] == v2_digest,
@@ -424,14 +468,11 @@ async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
     .await;
     let mac = format!("52:54:00:e2:{n:02x}:04");
     publish_and_assign(&server, &dir, &mac).await;
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("serial.log");
-    let powered = Instant::now();
-    segment.power_on(&mac, &log);
-    let node = wait_for(
+    let (node, vm) = boot_until(
+        &mut segment,
         &server,
         &mac,
-        &log,
+        Firmware::Bios,
         Duration::from_secs(300),
         "chainloaded BIOS boot to ready",
         |n| n["state"] == "ready",
@@ -439,10 +480,10 @@ async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
     .await;
     eprintln!(
         "e2e: BIOS ROM -> TFTP undionly.kpxe power-on to ready {:?} (QEMU TCG)",
-        powered.elapsed()
+        vm.powered.elapsed()
     );
     // The screen, as SeaBIOS copied it: the ROM's iPXE, then ours on the UNDI driver.
-    let serial = std::fs::read_to_string(&log).unwrap();
+    let serial = vm.serial();
     let rom = serial.find("using virtio-net").expect("the ROM's iPXE ran");
     let undi = serial[rom..]
         .find("undionly.kpxe")
@@ -477,14 +518,11 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
     let mac = format!("52:54:00:e2:{n:02x}:02");
     publish_and_assign(&server, &dir, &mac).await;
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("serial.log");
-    let powered = Instant::now();
-    segment.power_on_uefi(&mac, &log, &logs.path().join("vars.fd"));
-    wait_for(
+    let (_, vm) = boot_until(
+        &mut segment,
         &server,
         &mac,
-        &log,
+        Firmware::Uefi,
         Duration::from_secs(300),
         "UEFI boot to ready",
         |n| n["state"] == "ready",
@@ -492,11 +530,11 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     .await;
     eprintln!(
         "e2e: UEFI PXE -> TFTP snponly.efi power-on to ready {:?} (QEMU TCG)",
-        powered.elapsed()
+        vm.powered.elapsed()
     );
     // OVMF's PXE fetched snponly.efi over TFTP (not its HTTP-boot fallback), and that
     // iPXE drove the NIC through the firmware's SNP.
-    let serial = std::fs::read_to_string(&log).unwrap();
+    let serial = vm.serial();
     for seen in [
         "Start PXE over IPv4",
         "NBP filename is snponly.efi",
@@ -529,19 +567,17 @@ async fn proxy_dhcp_next_to_a_site_dhcp_server_still_boots_to_ready() {
     );
     let mac = format!("52:54:00:e2:{n:02x}:03");
     publish_and_assign(&server, &dir, &mac).await;
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("serial.log");
-    segment.power_on(&mac, &log);
-    wait_for(
+    let (_, vm) = boot_until(
+        &mut segment,
         &server,
         &mac,
-        &log,
+        Firmware::Bios,
         Duration::from_secs(240),
         "proxy-mode boot to ready",
         |n| n["state"] == "ready",
     )
     .await;
-    let serial = std::fs::read_to_string(&log).unwrap_or_default();
+    let serial = vm.serial();
     assert!(
         serial.contains(&format!("obtained from 10.88.{n}.2")),
         "the address came from the site's server"
@@ -559,13 +595,11 @@ async fn a_node_that_changes_after_attesting_is_drifted_with_the_difference() {
     let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
     let mac = format!("52:54:00:e2:{n:02x}:04");
     publish_and_assign(&server, &dir, &mac).await;
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("serial.log");
-    segment.power_on(&mac, &log);
-    let node = wait_for(
+    let (node, _vm) = boot_until(
+        &mut segment,
         &server,
         &mac,
-        &log,
+        Firmware::Bios,
         Duration::from_secs(300),
         "drifted",
         |n| n["state"] == "drifted",
