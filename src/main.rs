@@ -5,6 +5,9 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = bootfleet::cli::Cli::parse();
+    if !matches!(cli.command, bootfleet::cli::Command::Serve(_)) {
+        quiet_on_closed_pipe();
+    }
     match bootfleet::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -12,4 +15,14 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Admin commands end quietly when their reader goes away (`bootfleet node show | head`),
+/// as Unix tools do: Rust ignores SIGPIPE, which turns a closed pipe into a panic at the
+/// next print. Never for `serve`: a server must outlive a peer that closed its socket.
+fn quiet_on_closed_pipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: SIG_DFL installs no handler code, so nothing runs in signal context; the
+    // disposition is process-wide, which is what an admin command wants.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }

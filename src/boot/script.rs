@@ -187,7 +187,8 @@ impl BootTemplates {
         )
     }
 
-    /// A known node with nothing assigned: local disk, or wait and ask again.
+    /// A known node we boot nothing on: labelled `boot=local` (`local_boot`: exit to the
+    /// firmware's next boot device), or with nothing assigned (wait and ask again).
     pub fn unassigned(
         &self,
         server: &str,

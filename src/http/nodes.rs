@@ -161,12 +161,7 @@ fn agent_request<'h, R: serde::de::DeserializeOwned>(
 }
 
 fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .ok_or(ApiError::Unauthorized)
+    super::auth::bearer(headers).ok_or(ApiError::Unauthorized)
 }
 
 fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {

@@ -53,7 +53,7 @@ mod tests {
 
     fn manifest(extra: &str) -> Manifest {
         Manifest::parse(&format!(
-            "name = \"n\"\nversion = \"1\"\n[boot]\nkernel = \"k\"\ninitrds = [\"i\"]\ncmdline = \"c\"\n[pins]\nb = \"2\"\na = \"1\"\n{extra}"
+            "name = \"n\"\nversion = \"1\"\n[boot]\nkernel = \"k\"\ninitrds = [\"i\"]\ncmdline = \"c\"\n[pins]\nofed = \"2\"\nkernel = \"1\"\n{extra}"
         ))
         .unwrap()
     }
@@ -83,7 +83,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("\"pins\":{\"a\":\"1\",\"b\":\"2\"}"),
+            text.contains("\"pins\":{\"kernel\":\"1\",\"ofed\":\"2\"}"),
             "{text}"
         );
         assert!(!text.contains(' '), "{text}");

@@ -3,10 +3,70 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 use super::bundle_path::normalize_path;
 use crate::api::image::Role;
 use crate::api::refs::{check_label, check_name};
+
+/// The manifest as checked: every section has a strict schema, so a mistyped key
+/// (`gpu_model`) or a wrong type (`gpus = "eight"`) is refused at publish with its line,
+/// column and the valid keys, never read as a default. Parsed before `RawManifest`,
+/// which keeps `[validation]` as written for the canonical form.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StrictManifest {
+    // Checked in full by `RawManifest`.
+    #[serde(rename = "name")]
+    _name: IgnoredAny,
+    #[serde(rename = "version")]
+    _version: IgnoredAny,
+    #[serde(rename = "boot")]
+    _boot: IgnoredAny,
+    #[serde(default, rename = "pins")]
+    _pins: Pins,
+    #[serde(default)]
+    validation: ValidationSpec,
+}
+
+/// `[pins]`: the versions the node must run, by the names the agent reports (an
+/// unreportable pin would fail every boot's attestation, so it is refused here). The
+/// values are checked as strings by `RawManifest`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pins {
+    /// `uname -r`.
+    #[serde(rename = "kernel")]
+    _kernel: Option<IgnoredAny>,
+    /// The loaded NVIDIA kernel module's version.
+    #[serde(rename = "nvidia-driver")]
+    _nvidia_driver: Option<IgnoredAny>,
+    /// The MLNX_OFED release.
+    #[serde(rename = "ofed")]
+    _ofed: Option<IgnoredAny>,
+}
+
+/// `[validation]`: what "GPU Ready" means for this image. Every key is optional; the
+/// defaults are the validator's (`node::validate`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ValidationSpec {
+    /// GPUs the node must have (0: a CPU-only image).
+    pub gpus: Option<u64>,
+    /// A substring of every GPU's name (`H100`).
+    pub gpu_model: Option<String>,
+    pub min_gpu_memory_mib: Option<u64>,
+    pub pcie_gen: Option<u64>,
+    pub pcie_width: Option<u64>,
+    /// Active NVLinks each GPU must have.
+    pub nvlinks: Option<u64>,
+    /// ECC must be on [default: on when GPUs are expected].
+    pub ecc: Option<bool>,
+    pub max_temperature_c: Option<u64>,
+    pub fatal_xids: Option<Vec<u32>>,
+    /// DCGM diagnostics level, 1 to 4.
+    pub dcgm_level: Option<u64>,
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,8 +101,10 @@ pub struct Manifest {
     pub rootfs: Option<String>,
     pub cmdline: String,
     pub pins: BTreeMap<String, String>,
-    /// Free-form expectations, kept as JSON (sorted keys) for the canonical form.
+    /// `[validation]` as written, as JSON (sorted keys), for the canonical form.
     pub validation: serde_json::Value,
+    /// `[validation]`, typed: what the validator reads.
+    pub spec: ValidationSpec,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -55,10 +117,21 @@ pub enum ManifestError {
 
 impl Manifest {
     pub fn parse(text: &str) -> Result<Self, ManifestError> {
-        // toml's message already says "at line L, column C" and quotes the line.
-        let raw: RawManifest =
-            toml::from_str(text).map_err(|e| ManifestError::Toml(e.to_string().trim().into()))?;
+        // toml's message already says "at line L, column C" and quotes the line; for an
+        // unknown key serde names the valid ones.
+        let toml_error = |e: toml::de::Error| ManifestError::Toml(e.to_string().trim().into());
+        let raw: RawManifest = toml::from_str(text).map_err(toml_error)?;
         let invalid = |m: String| ManifestError::Invalid(m);
+        let validation = toml_to_json(&toml::Value::Table(raw.validation.clone()))
+            .map_err(|e| invalid(format!("validation: {e}")))?;
+        let strict: StrictManifest = toml::from_str(text).map_err(toml_error)?;
+        if let Some(level) = strict.validation.dcgm_level
+            && !(1..=4).contains(&level)
+        {
+            return Err(invalid(format!(
+                "validation.dcgm-level {level}: DCGM diagnostics levels are 1 to 4"
+            )));
+        }
         check_name(&raw.name).map_err(|e| invalid(e.to_string()))?;
         check_label("version", &raw.version).map_err(|e| invalid(e.to_string()))?;
         if raw.boot.initrds.is_empty() {
@@ -104,8 +177,6 @@ impl Manifest {
                 )));
             }
         }
-        let validation = toml_to_json(&toml::Value::Table(raw.validation))
-            .map_err(|e| invalid(format!("validation: {e}")))?;
         Ok(Manifest {
             name: raw.name,
             version: raw.version,
@@ -115,6 +186,7 @@ impl Manifest {
             cmdline: raw.boot.cmdline,
             pins: raw.pins,
             validation,
+            spec: strict.validation,
         })
     }
 
@@ -199,6 +271,17 @@ gpu-model = "H100"
         let e = err("name = \"x\"\nversion = \n");
         assert!(e.contains("line 2"), "{e}");
         assert!(e.contains("column"), "{e}");
+        // A schema error in [validation] names its line too.
+        let e = err(&GOOD.replace("gpus = 8", "gpus = \"eight\""));
+        assert!(e.contains("line 16"), "{e}");
+    }
+
+    #[test]
+    fn validation_is_read_typed() {
+        let m = Manifest::parse(GOOD).unwrap();
+        assert_eq!(m.spec.gpus, Some(8));
+        assert_eq!(m.spec.gpu_model.as_deref(), Some("H100"));
+        assert_eq!(m.spec.dcgm_level, None);
     }
 
     #[test]
@@ -220,6 +303,32 @@ gpu-model = "H100"
             ),
             (base.replace("\"550.127.05\"", "550"), "invalid type"),
             (base.replace("gpus = 8", "gpus = nan"), "finite"),
+            // Every section is strict: a typo or a wrong type is refused, never a default.
+            (base.replace("gpus = 8", "gpus = \"eight\""), "invalid type"),
+            (
+                base.replace("gpu-model", "gpu_model"),
+                "unknown field `gpu_model`",
+            ),
+            (base.replace("gpu-model", "gpu_model"), "`gpu-model`"),
+            (
+                base.replace("gpus = 8", "gpus = 8\nfatal-xids = [\"79\"]"),
+                "invalid type",
+            ),
+            (
+                base.replace("gpus = 8", "gpus = 8\ndcgm-level = 9"),
+                "levels are 1 to 4",
+            ),
+            (
+                base.replace("nvidia-driver", "nvidia_driver"),
+                "unknown field `nvidia_driver`",
+            ),
+            (
+                base.replace(
+                    "nvidia-driver = \"550.127.05\"",
+                    "nvidia-driver = \"550.127.05\"\ncuda = \"12.4\"",
+                ),
+                "unknown field `cuda`",
+            ),
         ] {
             let e = err(&text);
             assert!(e.contains(needle), "expected {needle:?} in {e:?}");

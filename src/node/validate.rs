@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use crate::api::agent::{Failure, GpuFacts, ValidationReport, ValidationVerdict};
+use crate::image::manifest::ValidationSpec;
 
 /// XIDs that mean the GPU is not fit for work until reset or replaced: 48 (double-bit
 /// ECC), 63/64 (row remapping event/failure), 74 (NVLink error), 79 (fell off the bus),
@@ -33,38 +34,28 @@ pub struct Expectations {
 }
 
 impl Expectations {
+    /// The manifest's typed `[validation]` with the defaults filled in, and the pinned
+    /// driver.
     pub fn from_manifest(
-        validation: &serde_json::Value,
+        spec: &ValidationSpec,
         pins: &std::collections::BTreeMap<String, String>,
     ) -> Self {
-        let num = |k: &str| validation.get(k).and_then(|v| v.as_u64());
-        let gpus = num("gpus").unwrap_or(0);
+        let gpus = spec.gpus.unwrap_or(0);
         Self {
             gpus,
-            gpu_model: validation
-                .get("gpu-model")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            min_memory_mib: num("min-gpu-memory-mib"),
-            pcie_gen: num("pcie-gen"),
-            pcie_width: num("pcie-width"),
-            nvlinks: num("nvlinks"),
-            ecc_required: validation
-                .get("ecc")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(gpus > 0),
-            max_temperature_c: num("max-temperature-c").unwrap_or(DEFAULT_MAX_TEMPERATURE_C),
-            fatal_xids: validation
-                .get("fatal-xids")
-                .and_then(|v| v.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_u64())
-                        .map(|x| x as u32)
-                        .collect()
-                })
+            gpu_model: spec.gpu_model.clone(),
+            min_memory_mib: spec.min_gpu_memory_mib,
+            pcie_gen: spec.pcie_gen,
+            pcie_width: spec.pcie_width,
+            nvlinks: spec.nvlinks,
+            ecc_required: spec.ecc.unwrap_or(gpus > 0),
+            max_temperature_c: spec.max_temperature_c.unwrap_or(DEFAULT_MAX_TEMPERATURE_C),
+            fatal_xids: spec
+                .fatal_xids
+                .as_ref()
+                .map(|x| x.iter().copied().collect())
                 .unwrap_or_else(|| DEFAULT_FATAL_XIDS.into_iter().collect()),
-            dcgm_level: num("dcgm-level"),
+            dcgm_level: spec.dcgm_level,
             driver: pins.get("nvidia-driver").cloned(),
         }
     }
@@ -353,7 +344,7 @@ mod tests {
 
     fn want() -> Expectations {
         Expectations::from_manifest(
-            &serde_json::json!({ "gpus": 2, "gpu-model": "H100", "min-gpu-memory-mib": 80000, "pcie-gen": 5, "pcie-width": 16 }),
+            &serde_json::from_value(serde_json::json!({ "gpus": 2, "gpu-model": "H100", "min-gpu-memory-mib": 80000, "pcie-gen": 5, "pcie-width": 16 })).unwrap(),
             &[("nvidia-driver".to_string(), "550.127.05".to_string())].into(),
         )
     }
@@ -399,7 +390,7 @@ mod tests {
     #[test]
     fn a_healthy_node_passes_and_a_cpu_image_needs_no_gpu() {
         assert!(judge(&healthy(), &want()).passed);
-        let cpu = Expectations::from_manifest(&serde_json::json!({}), &Default::default());
+        let cpu = Expectations::from_manifest(&ValidationSpec::default(), &Default::default());
         let no_gpu = ValidationReport {
             nvml_error: Some("NVML unavailable: no driver".into()),
             ..Default::default()

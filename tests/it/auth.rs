@@ -75,3 +75,26 @@ async fn token_file_is_private() {
     assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), server.token);
     server.stop().await;
 }
+
+/// The bearer scheme is case-insensitive (RFC 7235): `bearer` and `BEARER` work, another
+/// scheme or an empty token does not.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let server = TestServer::start().await;
+    let http = reqwest::Client::new();
+    for (header, status) in [
+        (format!("bearer {}", server.token), 200),
+        (format!("BEARER {}", server.token), 200),
+        (format!("Basic {}", server.token), 401),
+        ("Bearer ".to_string(), 401),
+    ] {
+        let r = http
+            .get(server.url("/api/v1/nodes"))
+            .header("authorization", &header)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{header:?}");
+    }
+    server.stop().await;
+}

@@ -244,3 +244,30 @@ async fn client_disconnects_mid_upload() {
     assert_eq!(ok, 201, "{body}");
     server.stop().await;
 }
+
+/// A manifest whose `[validation]` or `[pins]` does not follow the schema is refused whole
+/// at publish, naming the line and the valid keys: it is never read as the defaults (a
+/// `gpus = "eight"` image once let a node with no GPUs become ready).
+#[tokio::test]
+async fn validation_and_pins_follow_their_schema() {
+    for (from, to, needle) in [
+        ("gpus = 8", "gpus = \"eight\"", "line 14"),
+        ("gpus = 8", "gpus = \"eight\"", "invalid type"),
+        (
+            "gpu-model",
+            "gpu_model",
+            "unknown field `gpu_model`, expected one of",
+        ),
+        (
+            "nvidia-driver",
+            "nvidia_driver",
+            "unknown field `nvidia_driver`",
+        ),
+        ("nvidia-driver", "cuda", "unknown field `cuda`"),
+    ] {
+        let mut entries = good_entries("n", "1", b"kernel");
+        let text = manifest("n", "1").replace(from, to);
+        entries[0] = file("manifest.toml", text.as_bytes());
+        refused(tar_of(&entries), 400, needle).await;
+    }
+}

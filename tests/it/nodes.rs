@@ -168,6 +168,20 @@ async fn bad_boot_requests_and_labels_are_refused_with_reasons() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // Invisible and text-direction characters would make two labels look alike.
+    for value in ["r1\u{200B}2", "\u{202E}21r", "r12\u{FEFF}", "r\u{2066}12"] {
+        let r = label(serde_json::json!({ "set": { "rack": value } }))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{value:?}");
+    }
+    // One separator throughout, two hex digits a pair.
+    for bad in ["52:54-00:00:00:01", "+2-54-00-00-00-01"] {
+        let r = reqwest::get(server.url(&format!("/boot/node.ipxe?mac={bad}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
     let (_, list) = server.json("/api/v1/nodes").await;
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["mac"], MAC_COLONS);
@@ -529,5 +543,32 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
         202,
         "r1 has room again"
     );
+    server.stop().await;
+}
+
+/// `boot=local` is one rule for every path: the HTTP boot route hands such a node no
+/// image either (it exits to the firmware's next boot device) and opens no boot.
+#[tokio::test]
+async fn a_node_labelled_boot_local_gets_no_image_over_http() {
+    let server = TestServer::start().await;
+    let (status, body) = server.publish(good_bundle("n", "1", b"kernel")).await;
+    assert_eq!(status, 201, "{body}");
+    server.assign(MAC_COLONS, "n:1").await;
+    let r = server
+        .http
+        .patch(server.url(&format!("/api/v1/nodes/{MAC_COLONS}/labels")))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({ "set": { "boot": "local" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, text) = script(&server, &format!("/boot/node.ipxe?mac={MAC}")).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("\nexit"), "{text}");
+    assert!(!text.contains("kernel "), "{text}");
+    let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
+    assert_eq!(node["state"], "discovered", "{node}");
+    assert_eq!(node["boots"].as_array().map(Vec::len), Some(0), "{node}");
     server.stop().await;
 }

@@ -376,3 +376,31 @@ fn load_generators_live_in_their_own_binary() {
         );
     }
 }
+
+/// `bootfleet node list | head` with the reader gone: the CLI ends quietly (no panic,
+/// no backtrace, not exit status 101), as Unix tools do on a closed pipe.
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::spawn(data.path());
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(bin())
+        .args([
+            "--server",
+            &server.url,
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "node",
+            "list",
+        ])
+        .env_remove("BOOTFLEET_TOKEN")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+    drop(server);
+}

@@ -86,3 +86,23 @@ fn architecture_draws_exactly_the_node_transition_table() {
         "ARCHITECTURE.md and node::state::ALLOWED disagree"
     );
 }
+
+#[test]
+fn the_readme_manifest_parses_and_pins_the_kernel_it_copies() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let manifest = readme
+        .split("cat > my-image/manifest.toml <<TOML\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nTOML\n").next())
+        .expect("README writes my-image/manifest.toml with an expanding heredoc");
+    assert!(
+        manifest.contains("kernel = \"$(uname -r)\""),
+        "the kernel pin is the kernel the README copies"
+    );
+    let m = bootfleet::image::manifest::Manifest::parse(
+        &manifest.replace("$(uname -r)", "6.1.0-28-cloud-amd64"),
+    )
+    .unwrap();
+    assert_eq!(m.pins["kernel"], "6.1.0-28-cloud-amd64");
+}

@@ -27,16 +27,17 @@ impl From<[u8; 6]> for Mac {
 impl FromStr for Mac {
     type Err = MacError;
     /// Accepts `52:54:00:12:34:56` and iPXE's `${mac:hexhyp}` form `52-54-00-12-34-56`,
-    /// any case.
+    /// any case; one separator throughout, two hex digits a pair (no sign, no space).
     fn from_str(s: &str) -> Result<Self, MacError> {
         let err = || MacError(s.to_string());
-        let parts: Vec<&str> = s.split([':', '-']).collect();
+        let separator = if s.contains(':') { ':' } else { '-' };
+        let parts: Vec<&str> = s.split(separator).collect();
         if parts.len() != 6 {
             return Err(err());
         }
         let mut out = [0u8; 6];
         for (o, p) in out.iter_mut().zip(parts) {
-            if p.len() != 2 {
+            if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(err());
             }
             *o = u8::from_str_radix(p, 16).map_err(|_| err())?;
@@ -88,6 +89,9 @@ mod tests {
             "5:54:00:ab:cd:56",
             "zz:54:00:ab:cd:56",
             "525400abcd56",
+            "52:54-00:ab:cd:56",
+            "+2:54:00:ab:cd:56",
+            "52:54:00:ab:cd:+6",
         ] {
             assert!(bad.parse::<Mac>().is_err(), "{bad}");
         }

@@ -50,6 +50,17 @@ fn valid_label_key(k: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
 }
 
+/// A character a person reading a label sees for what it is: no control character, and
+/// none of the invisible or text-direction formatting characters that make two labels
+/// look alike or a value read backwards (zero-width spaces and joiners, bidi embeddings,
+/// overrides and isolates, word joiners, the byte order mark, soft hyphens).
+fn visible(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}'))
+}
+
 impl NodeService {
     pub async fn list(&self) -> Result<Vec<Node>, AdminError> {
         let nodes = self.store.nodes().await?;
@@ -83,9 +94,9 @@ impl NodeService {
     /// . _ - /, values up to 253 printable characters.
     pub async fn label(&self, mac: &Mac, req: &LabelRequest) -> Result<Node, AdminError> {
         for (k, v) in &req.set {
-            if !valid_label_key(k) || v.len() > 253 || v.chars().any(char::is_control) {
+            if !valid_label_key(k) || v.len() > 253 || !v.chars().all(visible) {
                 return Err(AdminError::BadRequest(format!(
-                    "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 printable characters"
+                    "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 visible characters"
                 )));
             }
         }

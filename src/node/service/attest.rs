@@ -96,7 +96,8 @@ impl NodeService {
         result
     }
 
-    /// The checks every agent call makes: this boot's token, this boot's node, its newest boot.
+    /// The checks every agent call makes: this boot's token, this boot's node, its newest
+    /// boot, within the token's lifetime.
     pub(super) async fn authenticate(
         &self,
         token: &str,
@@ -125,7 +126,7 @@ impl NodeService {
             }
             .into());
         }
-        if !boot.latest {
+        if !boot.latest || crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
             return Err(Refusal::Expired.into());
         }
         Ok(boot)
@@ -134,9 +135,6 @@ impl NodeService {
     async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
         let store = &self.store;
         let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
-        if crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
-            return Err(Refusal::Expired.into());
-        }
         // Checked again where the verdict is written (a race cannot attest twice).
         if boot.attested {
             return Err(Refusal::Replayed.into());

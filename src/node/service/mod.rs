@@ -116,6 +116,10 @@ impl NodeService {
         if new {
             return Ok(self.templates.unknown(server, &hyphens)?);
         }
+        // The same rule as DHCP's: a node labelled boot=local gets no image on any path.
+        if crate::node::directory::boots_locally(&node.labels) {
+            return Ok(self.templates.unassigned(server, &hyphens, true)?);
+        }
         let Some(assigned) = node.assigned.clone() else {
             return Ok(self.templates.unassigned(server, &hyphens, false)?);
         };
@@ -198,11 +202,7 @@ impl NodeService {
             kernel_url: blob_url(server, &kernel.digest, boot_id),
             initrds,
             cmdline: image.manifest.cmdline.clone(),
-            dcgm_level: image
-                .manifest
-                .validation
-                .get("dcgm-level")
-                .and_then(|v| v.as_u64()),
+            dcgm_level: image.manifest.spec.dcgm_level,
         }))
     }
 }

@@ -53,7 +53,7 @@ impl NodeService {
         let Some(image) = self.image(&boot.image).await? else {
             return Err(Refusal::BadToken.into());
         };
-        let expect = Expectations::from_manifest(&image.manifest.validation, &image.manifest.pins);
+        let expect = Expectations::from_manifest(&image.manifest.spec, &image.manifest.pins);
         let verdict = judge(&req.report, &expect);
         let gpus: Vec<&str> = req.report.gpus.iter().map(|g| g.uuid.as_str()).collect();
         let stored = serde_json::to_string(&StoredValidation {
