@@ -60,9 +60,11 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
         },
     );
     init_logging(cfg.log_format);
-    let state = crate::server::open_state(&cfg).await?;
+    // The port first: a second server on a busy port fails before it creates a data
+    // directory or a token.
     let listener = crate::server::listen(cfg.listen)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let state = crate::server::open_state(&cfg).await?;
     let addr = listener.local_addr()?;
     // Handlers first: a SIGTERM that arrives once we say we listen must shut down cleanly.
     let shutdown = CancellationToken::new();

@@ -404,3 +404,30 @@ fn a_closed_pipe_ends_the_cli_quietly() {
     assert_ne!(out.status.code(), Some(101), "{stderr}");
     drop(server);
 }
+
+/// A second `serve` on a busy port fails before it creates anything: no data directory,
+/// no token.
+#[test]
+fn serve_on_a_busy_port_leaves_nothing_behind() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::spawn(data.path());
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let other = tempfile::tempdir().unwrap();
+    let fresh = other.path().join("data");
+    let out = Command::new(bin())
+        .args([
+            "--data-dir",
+            fresh.to_str().unwrap(),
+            "serve",
+            "--listen",
+            &addr,
+        ])
+        .env_remove("BOOTFLEET_LISTEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(!fresh.exists(), "the data directory was created");
+    drop(server);
+}
