@@ -4,7 +4,9 @@
 //! listed with its reason and must still be needed, so the list only shrinks.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::tidy::rust_files;
 
 /// Each part and the modules it may name besides itself. `api` is the wire contract
 /// (the `bootfleet-api` crate), `clock` wall-clock time.
@@ -74,17 +76,6 @@ const EXCEPTIONS: &[(&str, &[&str], &str)] = &[
         "its tests check the simulator's packets with the server's parser",
     ),
 ];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
 
 /// The top-level modules a file names as `crate::<module>`.
 fn named_modules(text: &str) -> BTreeSet<String> {
