@@ -50,10 +50,11 @@ const MIN_RTO: Duration = Duration::from_millis(20);
 /// was lost repeats it after its own timeout. atftp aborts on a second OACK ("unexpected
 /// OACK"), so ours must come after atftp's 5 s timeout, not before.
 const OACK_RETRY: Duration = Duration::from_secs(6);
-/// High enough that a backed-off sender falls silent for longer than clients' own 5 s
-/// timeout: atftp ignores duplicate blocks without re-acknowledging, and restarts its
-/// timer on each one, so only a pause makes it repeat the ACK it lost.
-const MAX_RTO: Duration = Duration::from_secs(5);
+/// Longer than clients' own 5 s timeout, so that a backed-off sender falls silent for
+/// longer than it: atftp ignores duplicate blocks without re-acknowledging, and restarts
+/// its timer on each one, so only a pause makes it repeat the ACK it lost. At exactly
+/// 5 s the resends settled 5.0 s apart and one atftp fetch in 20 gave up at 5% loss.
+const MAX_RTO: Duration = Duration::from_secs(6);
 
 impl Rto {
     fn new(negotiated: Option<Duration>) -> Self {
