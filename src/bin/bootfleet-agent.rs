@@ -21,14 +21,19 @@ use clap::Parser;
         retried with back-off, forever."
 )]
 struct Args {
+    /// The server's URL [default: bootfleet.server= on the kernel command line].
     #[arg(long)]
     server: Option<String>,
+    /// This boot's id [default: bootfleet.boot=].
     #[arg(long)]
     boot: Option<String>,
+    /// This boot's token [default: bootfleet.token=].
     #[arg(long, env = "BOOTFLEET_BOOT_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The image digest this boot was given, sha256:<hex> [default: bootfleet.image=].
     #[arg(long)]
     image: Option<String>,
+    /// This node's MAC [default: bootfleet.mac=].
     #[arg(long)]
     mac: Option<String>,
     /// Root of the /proc, /sys, /etc and /dev/kmsg to read.

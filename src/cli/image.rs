@@ -21,6 +21,7 @@ use crate::api::refs::{ImageRef, TagName};
 pub enum ImageCommand {
     /// Publish a bundle (tar, tar.gz, tar.zst) or a directory holding manifest.toml.
     Publish {
+        /// A bundle file (tar, tar.gz, tar.zst) or a directory with manifest.toml.
         path: PathBuf,
         /// Also point this tag (NAME:TAG) at the published image.
         #[arg(long)]
@@ -29,11 +30,22 @@ pub enum ImageCommand {
     /// List published images.
     List,
     /// Show one image: REF is sha256:<hex>, NAME:VERSION or NAME:TAG.
-    Show { reference: String },
+    Show {
+        /// The image: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        reference: String,
+    },
     /// Point NAME:TAG at REF (a rollback is a tag back to the previous digest).
-    Tag { reference: String, tag: String },
+    Tag {
+        /// The image: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        reference: String,
+        /// The tag to move, NAME:TAG.
+        tag: String,
+    },
     /// Every move of NAME:TAG: who, when, from, to.
-    History { tag: String },
+    History {
+        /// The tag, NAME:TAG.
+        tag: String,
+    },
     /// Re-hash every blob; quarantine the ones that no longer match.
     Verify,
     /// Remove blobs that no image references.

@@ -22,36 +22,57 @@ pub enum NodeCommand {
     /// List nodes with their state and assigned image.
     List,
     /// Show one node (NODE is its MAC): state, labels, last boots, state history.
-    Show { node: String },
+    Show {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+    },
     /// Assign REF (sha256:<hex>, NAME:VERSION or NAME:TAG) to a node; a tag is followed at
     /// each boot. An unknown MAC is registered.
-    Assign { node: String, reference: String },
+    Assign {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+        /// The image to boot: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        reference: String,
+    },
     /// Set labels (key=value) and remove them (key-), for grouping by rack, SKU...
     Label {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
+        /// key=value to set a label, key- to remove one.
         #[arg(required = true)]
         labels: Vec<String>,
     },
     /// The node's state changes, oldest first, with reasons.
-    History { node: String },
+    History {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+    },
     /// The node's events (transitions, refused reports), oldest first.
     Events {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
         /// Only events after this seq.
         #[arg(long, default_value_t = 0)]
         since: i64,
     },
     /// Ask the node's agent to validate again (GPUs, checks): its next heartbeat says so.
-    Revalidate { node: String },
+    Revalidate {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+    },
     /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
     /// disruption budget (retry later); the same --idempotency-key gets the first answer.
     Reimage {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
+        /// Why (recorded in the node's history and events), for example "XID 79 on GPU 3".
         #[arg(long)]
         reason: String,
         /// Also assign this REF first.
         #[arg(long)]
         image: Option<String>,
+        /// A key for this request (a ticket number): a retry with the same key gets the
+        /// first answer and changes nothing.
         #[arg(long)]
         idempotency_key: Option<String>,
     },

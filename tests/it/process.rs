@@ -431,3 +431,25 @@ fn serve_on_a_busy_port_leaves_nothing_behind() {
     assert!(!fresh.exists(), "the data directory was created");
     drop(server);
 }
+
+/// Every flag of the agent says what it is in `--help` (the server's CLI is checked by a
+/// unit test over its clap definition).
+#[test]
+fn every_agent_flag_has_help() {
+    let out = Command::new(env!("CARGO_BIN_EXE_bootfleet-agent"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = help.lines().collect();
+    let mut flags = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("--") || line.trim_start().starts_with("-h") {
+            flags += 1;
+            let next = lines.get(i + 1).map_or("", |l| l.trim());
+            assert!(!next.is_empty(), "{line:?} has no help:\n{help}");
+        }
+    }
+    assert!(flags > 10, "{help}");
+}

@@ -49,7 +49,8 @@ impl FromStr for Mac {
 impl fmt::Display for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c, d, e, g] = self.0;
-        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+        // `pad`, so that a width in the format (`{:<18}`) lines columns up.
+        f.pad(&format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}"))
     }
 }
 
@@ -95,5 +96,6 @@ mod tests {
         ] {
             assert!(bad.parse::<Mac>().is_err(), "{bad}");
         }
+        assert_eq!(format!("{m:<19}|"), "52:54:00:ab:cd:56  |");
     }
 }

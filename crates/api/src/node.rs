@@ -62,7 +62,8 @@ impl NodeState {
 
 impl fmt::Display for NodeState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so that a width in the format (`{:<20}`) lines columns up.
+        f.pad(self.as_str())
     }
 }
 
@@ -210,6 +211,7 @@ mod tests {
             assert_eq!(serde_json::from_str::<NodeState>(&json).unwrap(), s);
         }
         assert_eq!(NodeState::AttestationFailed.as_str(), "attestation-failed");
+        assert_eq!(format!("{:<8}|", NodeState::Ready), "ready   |");
         assert!(serde_json::from_str::<NodeState>("\"ready-ish\"").is_err());
     }
 }
