@@ -14,7 +14,6 @@ use crate::api::image::{Artifact, Image, Tag, TagMove};
 use crate::api::node::{Bmc, Node, StateChange};
 use crate::api::refs::{ImageRef, TagName};
 use crate::api::{Digest, Mac, NodeState};
-pub use crate::clock::{format_ms, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

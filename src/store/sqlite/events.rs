@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::Mac;
 use crate::api::event::Event;
-use crate::store::{EventStore, StoreError, WebhookStore, format_ms, now_ms};
+use crate::clock::{format_ms, now_ms};
+use crate::store::{EventStore, StoreError, WebhookStore};
 
 pub(crate) async fn insert_event(
     conn: &mut sqlx::SqliteConnection,

@@ -8,9 +8,8 @@ use super::{SqliteStore, parse_digest};
 use crate::api::Digest;
 use crate::api::image::{Artifact, Image, Role, Tag, TagMove};
 use crate::api::refs::{ImageRef, TagName};
-use crate::store::{
-    ImageStore, InsertOutcome, NewImage, StoreError, TagOutcome, format_ms, now_ms,
-};
+use crate::clock::{format_ms, now_ms};
+use crate::store::{ImageStore, InsertOutcome, NewImage, StoreError, TagOutcome};
 
 #[async_trait]
 impl ImageStore for SqliteStore {

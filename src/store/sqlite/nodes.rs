@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::node::StateChange;
 use crate::api::{Mac, NodeState};
+use crate::clock::{format_ms, now_ms};
 use crate::store::{
     Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
-    ReimageRule, StoreError, format_ms, now_ms,
+    ReimageRule, StoreError,
 };
 
 type NodeRow = (
@@ -94,8 +95,9 @@ async fn insert_history(
     .await
 }
 
-/// Writes the row that belongs with a state change; false when an attestation was
-/// recorded before (the caller rolls back).
+/// Writes the row that belongs with a state change; false when the attestation was
+/// recorded before (the caller rolls back). A boot or verdict row that cannot be written
+/// (no such boot) is an error, not a replay.
 async fn write_attached(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
@@ -136,7 +138,13 @@ async fn write_attached(
             .execute(&mut *conn)
             .await?,
     };
-    Ok(written.rows_affected() == 1)
+    match (with, written.rows_affected()) {
+        (_, 1) => Ok(true),
+        (Attached::Attestation { .. }, _) => Ok(false),
+        (_, n) => Err(StoreError::Corrupt(format!(
+            "{n} rows written for a state change's attached row"
+        ))),
+    }
 }
 
 async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
