@@ -46,6 +46,54 @@ pub struct FileConfig {
     /// `[dhcp]`: proxyDHCP or authoritative DHCP. Off unless `mode` is set.
     #[serde(default)]
     pub dhcp: DhcpFileConfig,
+    /// `[store]`: where nodes, images and events are kept.
+    #[serde(default)]
+    pub store: StoreConfig,
+}
+
+/// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite://PATH` or `postgres://USER@HOST[:PORT]/DB` (`?host=/socket/dir` for a
+    /// Unix socket); default: SQLite at `<data_dir>/bootfleet.db`. Servers that share one
+    /// PostgreSQL database share one state.
+    pub url: Option<String>,
+    /// A file holding the PostgreSQL password (first line), kept out of the URL, the
+    /// process list and the logs.
+    pub password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.url.as_ref().map(|_| "(redacted)"))
+            .field("password_file", &self.password_file)
+            .finish()
+    }
+}
+
+impl StoreConfig {
+    /// The store to open: the URL given, else SQLite in `data_dir`.
+    pub fn url(&self, data_dir: &Path) -> Result<crate::store::StoreUrl, crate::store::StoreError> {
+        match &self.url {
+            Some(url) => crate::store::StoreUrl::parse(url),
+            None => Ok(crate::store::StoreUrl::Sqlite(
+                data_dir.join(crate::store::sqlite::DATABASE_FILE),
+            )),
+        }
+    }
+
+    /// The password in `password_file`, if one is named: its first line.
+    pub fn password(&self) -> Result<Option<String>, crate::store::StoreError> {
+        let Some(path) = &self.password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            crate::store::StoreError::Config(format!("password_file {}: {e}", path.display()))
+        })?;
+        Ok(Some(text.lines().next().unwrap_or("").to_string()))
+    }
 }
 
 /// `[dhcp]` in the settings file.
@@ -110,6 +158,7 @@ pub struct Overrides {
     pub ipxe_dir: Option<PathBuf>,
     pub templates_dir: Option<PathBuf>,
     pub dhcp_mode: Option<crate::dhcp::decide::Mode>,
+    pub store_url: Option<String>,
 }
 
 /// The settings the server runs with.
@@ -128,6 +177,7 @@ pub struct ServerConfig {
     pub lifecycle: crate::node::policy::LifecyclePolicy,
     pub webhooks: Vec<crate::events::webhook::WebhookConfig>,
     pub dhcp: DhcpFileConfig,
+    pub store: StoreConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +236,10 @@ impl ServerConfig {
             budget: file.reimage,
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,
+            store: StoreConfig {
+                url: over.store_url.or(file.store.url),
+                ..file.store
+            },
             dhcp: crate::config::DhcpFileConfig {
                 mode: over.dhcp_mode.or(file.dhcp.mode),
                 ..file.dhcp

@@ -12,6 +12,7 @@ pub mod dhcp;
 pub mod events;
 pub mod http;
 pub mod image;
+pub mod leader;
 pub mod node;
 pub mod registry;
 pub mod server;

@@ -16,7 +16,7 @@ use crate::registry::Registry;
 use crate::tftp::files::FileSource;
 use crate::tftp::server::TftpServer;
 
-pub const DATABASE_FILE: &str = "bootfleet.db";
+pub use crate::store::sqlite::DATABASE_FILE;
 
 /// The server, wired: the HTTP state (what the routes use) and what only the server's
 /// own tasks need. Built once by `open_state`; `run`, `start_tftp` and `start_dhcp` take it.
@@ -38,9 +38,10 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let blobs = BlobStore::open(data_dir)
         .with_context(|| format!("cannot open blob store in {}", data_dir.display()))?;
-    let store = crate::store::sqlite::open(&data_dir.join(DATABASE_FILE))
+    let store_url = cfg.store.url(data_dir)?;
+    let store = crate::store::open(&store_url, cfg.store.password()?.as_deref())
         .await
-        .context("cannot open the database")?;
+        .with_context(|| format!("cannot open the store {store_url:?}"))?;
     let token = AdminToken::load_or_create(cfg.admin_token_file.as_deref(), data_dir)?;
     let templates = match &cfg.templates_dir {
         Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
@@ -97,17 +98,32 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let state = server.http;
-    for hook in &server.webhooks {
-        state.tasks.spawn(crate::events::webhook::run(
-            hook.clone(),
+    let holder = crate::leader::holder_id();
+    let lead = |role| {
+        crate::leader::hold(
             server.store.clone(),
+            role,
+            holder.clone(),
+            &state.tasks,
             state.stopping.clone(),
-        ));
+        )
+    };
+    if !server.webhooks.is_empty() {
+        let leading = lead(crate::leader::WEBHOOKS);
+        for hook in &server.webhooks {
+            state.tasks.spawn(crate::events::webhook::run(
+                hook.clone(),
+                server.store.clone(),
+                leading.clone(),
+                state.stopping.clone(),
+            ));
+        }
     }
     state.tasks.spawn(crate::node::sweeper::run(
         server.store.clone(),
         state.nodes.controller.clone(),
         server.policy.clone(),
+        lead(crate::leader::SWEEPER),
         state.stopping.clone(),
     ));
     let app = router(state.clone());

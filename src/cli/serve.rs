@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// authoritative (a pool from [dhcp.pool]) [default: off]. See [dhcp] in the config.
     #[arg(long, env = "BOOTFLEET_DHCP", value_enum)]
     pub dhcp: Option<crate::dhcp::decide::Mode>,
+    /// Store: sqlite://PATH or postgres://USER@HOST/DB; servers sharing one PostgreSQL
+    /// database share one state [default: sqlite in the data directory]. Put a password
+    /// in [store] password_file, not here (flags show in the process list).
+    #[arg(long, env = "BOOTFLEET_STORE_URL", hide_env_values = true)]
+    pub store_url: Option<String>,
 }
 
 pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
@@ -57,6 +62,7 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
             ipxe_dir: args.ipxe_dir,
             templates_dir: args.templates_dir,
             dhcp_mode: args.dhcp,
+            store_url: args.store_url,
         },
     );
     init_logging(cfg.log_format);

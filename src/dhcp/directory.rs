@@ -14,8 +14,10 @@ pub trait NodeDirectory: Send + Sync {
     /// What is known of the network-booting client `mac` (with the machine UUID its
     /// firmware sent), recording it when it is new. `chainload` in the answer says the
     /// node itself asks to be chainloaded; the server's `[dhcp] chainload` adds to it.
-    /// A lookup that fails answers the default view: no boot file.
-    async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> NodeView;
+    /// None when the directory cannot answer (its store is unreachable): the packet is
+    /// dropped, so that another server sharing the segment answers instead of this one
+    /// answering "no boot file".
+    async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> Option<NodeView>;
 }
 
 #[async_trait]

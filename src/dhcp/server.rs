@@ -62,16 +62,24 @@ pub fn bind(addr: SocketAddrV4, interface: Option<&str>) -> std::io::Result<UdpS
 
 impl DhcpServer {
     /// What the directory knows of the client; nothing for a client that does not
-    /// network-boot.
-    async fn node_view(&self, req: &Checked, uuid: Option<&str>, network_boot: bool) -> NodeView {
+    /// network-boot; None when the directory cannot answer.
+    async fn node_view(
+        &self,
+        req: &Checked,
+        uuid: Option<&str>,
+        network_boot: bool,
+    ) -> Option<NodeView> {
         if !network_boot {
-            return NodeView::default();
+            return Some(NodeView::default());
         }
-        let mut view = self.directory.node_view(Mac::from(req.chaddr), uuid).await;
+        let mut view = self
+            .directory
+            .node_view(Mac::from(req.chaddr), uuid)
+            .await?;
         // Here: whether the node is to be chainloaded at all; `handle` decides whether
         // this transaction gets the binary.
         view.chainload |= self.chain_policy == ChainPolicy::Always;
-        view
+        Some(view)
     }
 
     /// Handles one datagram; returns the reply and where it goes.
@@ -90,9 +98,15 @@ impl DhcpServer {
             }
         };
         let client = classify(&req);
-        let mut node = self
+        let Some(mut node) = self
             .node_view(&req, client.uuid.as_deref(), client.class.is_some())
-            .await;
+            .await
+        else {
+            // A booting node we cannot look up: stay silent, so a server that can
+            // answers (and the node retries), rather than tell it "no boot file".
+            self.metrics.count("dropped.directory_unavailable");
+            return None;
+        };
         node.chainload = node.chainload
             && node.bootable
             && !node.local_boot

@@ -115,7 +115,14 @@ pub fn verify(secret: &[u8], header: &str, body: &[u8]) -> Option<u64> {
 }
 
 /// Delivers to one webhook until `stop`.
-pub async fn run(hook: Webhook, store: Store, stop: CancellationToken) {
+/// Delivers while this server holds the webhook role (`leader::WEBHOOKS`): among servers
+/// sharing a store, one sends, in order, and another takes over if it dies.
+pub async fn run(
+    hook: Webhook,
+    store: Store,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
     let client = reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .build()
@@ -123,7 +130,7 @@ pub async fn run(hook: Webhook, store: Store, stop: CancellationToken) {
     let mut wake = store.subscribe_events();
     let mut retry = FIRST_RETRY;
     loop {
-        if stop.is_cancelled() {
+        if stop.is_cancelled() || !crate::leader::until_leading(&mut leading, &stop).await {
             return;
         }
         wake.borrow_and_update();

@@ -31,7 +31,7 @@ pub struct StoreDirectory {
 
 #[async_trait]
 impl NodeDirectory for StoreDirectory {
-    async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> NodeView {
+    async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> Option<NodeView> {
         let known = match self.store.node_for_dhcp(&mac).await {
             Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
             _ => self
@@ -41,14 +41,14 @@ impl NodeDirectory for StoreDirectory {
                 .map(|(node, _)| node),
         };
         match known {
-            Ok(node) => NodeView {
+            Ok(node) => Some(NodeView {
                 bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
                 local_boot: boots_locally(&node.labels),
                 chainload: wants_chainload(&node.labels),
-            },
+            }),
             Err(e) => {
-                tracing::warn!(%mac, error = %e, "cannot look the node up; no boot file");
-                NodeView::default()
+                tracing::warn!(%mac, error = %e, "cannot look the node up; not answering it");
+                None
             }
         }
     }

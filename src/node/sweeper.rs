@@ -53,6 +53,7 @@ pub async fn run(
     store: Store,
     controller: NodeController,
     policy: LifecyclePolicy,
+    mut leading: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
     let every = scan_interval(&policy);
@@ -60,6 +61,10 @@ pub async fn run(
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
+        }
+        // One sweeper among servers sharing a store (`leader::SWEEPER`).
+        if !crate::leader::until_leading(&mut leading, &stop).await {
+            return;
         }
         if let Err(e) = sweep(&store, &controller, &policy).await {
             tracing::warn!(error = %e, "cannot scan for silent nodes");

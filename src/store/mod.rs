@@ -1,8 +1,11 @@
 //! Rows and queries, behind traits a second backend can implement: one trait per area
 //! (images, nodes, boots, events, webhooks, leases), `Backend` for all of them, and the
 //! row types they read and write. No rule lives here: what a row means is decided by the
-//! services above. `sqlite/` is the embedded implementation.
+//! services above. `sqlite/` is the embedded implementation, `postgres/` the one several
+//! servers share; `open` picks one by URL.
 
+pub mod postgres;
+pub(crate) mod rows;
 pub mod sqlite;
 
 use std::collections::{BTreeMap, HashSet};
@@ -23,6 +26,55 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    #[error("[store] {0}")]
+    Config(String),
+}
+
+/// Where the store lives: `[store] url`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `sqlite://PATH` (relative to the working directory) or `sqlite:///abs/path`.
+    Sqlite(std::path::PathBuf),
+    /// `postgres://` or `postgresql://`, as libpq writes them.
+    Postgres(String),
+}
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<Self, StoreError> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(StoreError::Config("sqlite:// needs a path".into()));
+            }
+            return Ok(Self::Sqlite(path.into()));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_string()));
+        }
+        // The URL may hold a password: name only its scheme.
+        let scheme = url.split_once(':').map_or("(none)", |(s, _)| s);
+        Err(StoreError::Config(format!(
+            "url scheme {scheme:?} is not sqlite:// or postgres://"
+        )))
+    }
+}
+
+/// Never the URL itself: a PostgreSQL URL may carry a password.
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            Self::Postgres(_) => f.write_str("postgres://(redacted)"),
+        }
+    }
+}
+
+/// Opens the store `url` names, migrated; `password` (from `[store] password_file`)
+/// overrides one in a PostgreSQL URL.
+pub async fn open(url: &StoreUrl, password: Option<&str>) -> Result<Store, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => sqlite::open(path).await,
+        StoreUrl::Postgres(url) => postgres::open(url, password).await,
+    }
 }
 
 /// A bound DHCP lease as stored.
@@ -357,11 +409,29 @@ pub trait LeaseStore: Send + Sync {
     async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError>;
 }
 
+/// Roles exactly one server plays at a time (the webhook sender, the sweeper): a lease
+/// in the shared store, renewed by its holder and taken over once it lapses, so a
+/// server that dies (kill -9, power) hands its roles on within one lease.
+#[async_trait]
+pub trait LeaderStore: Send + Sync {
+    /// Takes or renews `role` for `holder` until `now_ms + ttl_ms` when it is free,
+    /// lapsed or already `holder`'s; true while `holder` holds it.
+    async fn lead(
+        &self,
+        role: &str,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool, StoreError>;
+    /// Gives `role` up at once if `holder` holds it (a clean shutdown).
+    async fn resign(&self, role: &str, holder: &str) -> Result<(), StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
-/// implementation (`sqlite`); a second backend implements the same traits.
+/// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
 pub trait Backend:
-    ImageStore + NodeStore + BootStore + EventStore + WebhookStore + LeaseStore
+    ImageStore + NodeStore + BootStore + EventStore + WebhookStore + LeaseStore + LeaderStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

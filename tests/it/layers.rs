@@ -19,11 +19,14 @@ const RULES: &[(&str, &[&str])] = &[
     ("boot", &["api"]),
     ("image", &["api", "clock"]),
     ("store", &["api", "clock"]),
+    ("leader", &["clock", "store"]),
     ("registry", &["api", "clock", "image", "store"]),
-    ("events", &["api", "clock", "store"]),
+    ("events", &["api", "clock", "leader", "store"]),
     (
         "node",
-        &["api", "clock", "boot", "dhcp", "image", "registry", "store"],
+        &[
+            "api", "clock", "boot", "dhcp", "image", "leader", "registry", "store",
+        ],
     ),
     (
         "http",
@@ -35,7 +38,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("storm", &["api", "clock", "tftp", "cli"]),
     (
         "config",
-        &["api", "dhcp", "events", "image", "node", "tftp"],
+        &["api", "dhcp", "events", "image", "node", "store", "tftp"],
     ),
     (
         "server",
@@ -49,6 +52,7 @@ const RULES: &[(&str, &[&str])] = &[
             "events",
             "http",
             "image",
+            "leader",
             "node",
             "registry",
             "store",

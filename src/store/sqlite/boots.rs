@@ -3,36 +3,10 @@
 
 use async_trait::async_trait;
 
-use super::{SqliteStore, parse_digest};
+use super::SqliteStore;
 use crate::api::Mac;
+use crate::store::rows::{self, BootRow, parse_digest, select_boots};
 use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
-
-type BootRow = (
-    String,
-    String,
-    i64,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-);
-
-/// `SELECT` of the boot columns `BootRow` holds; static SQL.
-macro_rules! select_boots {
-    ($rest:literal) => {
-        concat!(
-            "SELECT id, image_digest, created_at_ms, attested_at_ms, verdict, report, validated_at_ms, validation FROM boots ",
-            $rest
-        )
-    };
-}
-
-fn json(column: &str, text: Option<String>) -> Result<Option<serde_json::Value>, StoreError> {
-    text.map(|t| serde_json::from_str(&t))
-        .transpose()
-        .map_err(|e| StoreError::Corrupt(format!("boots.{column}: {e}")))
-}
 
 #[async_trait]
 impl BootStore for SqliteStore {
@@ -89,23 +63,13 @@ impl BootStore for SqliteStore {
         Ok(recorded)
     }
     async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
-        let rows: Vec<(String, i64, Option<i64>, i64, bool)> = sqlx::query_as(
+        let rows: Vec<rows::FetchRow> = sqlx::query_as(
             "SELECT digest, started_at_ms, finished_at_ms, bytes, whole FROM boot_fetches WHERE boot_id = ? ORDER BY id",
         )
         .bind(boot_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(digest, started, finished, bytes, whole)| {
-                Ok(Fetch {
-                    digest: parse_digest(&digest)?,
-                    started_at_ms: started,
-                    finished_at_ms: finished,
-                    bytes: bytes.max(0) as u64,
-                    whole,
-                })
-            })
-            .collect()
+        rows::fetches(rows)
     }
     /// The node's last `limit` boots, newest first, with their fetches.
     async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
@@ -148,17 +112,7 @@ impl BootStore for SqliteStore {
 }
 impl SqliteStore {
     async fn facts_from_row(&self, row: BootRow) -> Result<BootFacts, StoreError> {
-        let (id, image, created, attested, verdict, report, validated, validation) = row;
-        Ok(BootFacts {
-            image: parse_digest(&image)?,
-            created_at_ms: created,
-            attested_at_ms: attested,
-            verdict: json("verdict", verdict)?,
-            report: json("report", report)?,
-            validated_at_ms: validated,
-            validation: json("validation", validation)?,
-            fetches: self.fetches(&id).await?,
-            id,
-        })
+        let fetches = self.fetches(&row.0).await?;
+        rows::boot(row, fetches)
     }
 }

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::Mac;
 use crate::api::event::Event;
-use crate::clock::{format_ms, now_ms};
+use crate::clock::now_ms;
+use crate::store::rows;
 use crate::store::{EventStore, StoreError, WebhookStore};
 
 pub(crate) async fn insert_event(
@@ -21,29 +22,10 @@ pub(crate) async fn insert_event(
         .bind(at_ms)
         .bind(kind)
         .bind(mac.map(|m| m.to_string()))
-        .bind(
-            serde_json::to_string(data)
-                .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?,
-        )
+        .bind(rows::event_data(data)?)
         .execute(conn)
         .await?;
     Ok(())
-}
-
-type EventRow = (i64, i64, String, Option<String>, String);
-
-fn event_from_row((seq, at, kind, mac, data): EventRow) -> Result<Event, StoreError> {
-    Ok(Event {
-        seq,
-        at: format_ms(at),
-        kind,
-        node: mac
-            .map(|m| m.parse())
-            .transpose()
-            .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
-        data: serde_json::from_str(&data)
-            .map_err(|e| StoreError::Corrupt(format!("event {seq}: {e}")))?,
-    })
 }
 
 #[async_trait]
@@ -68,7 +50,7 @@ impl EventStore for SqliteStore {
         limit: i64,
         mac: Option<&Mac>,
     ) -> Result<Vec<Event>, StoreError> {
-        let rows: Vec<EventRow> = match mac {
+        let rows: Vec<rows::EventRow> = match mac {
             Some(mac) => sqlx::query_as(
                 "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > ? AND mac = ? ORDER BY seq LIMIT ?",
             )
@@ -85,7 +67,7 @@ impl EventStore for SqliteStore {
             .fetch_all(&self.pool)
             .await?,
         };
-        rows.into_iter().map(event_from_row).collect()
+        rows::events(rows)
     }
     /// The newest event's seq (0 when there is none).
     async fn events_head(&self) -> Result<i64, StoreError> {

@@ -4,11 +4,12 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 
-use super::{SqliteStore, parse_digest};
+use super::SqliteStore;
 use crate::api::Digest;
-use crate::api::image::{Artifact, Image, Role, Tag, TagMove};
+use crate::api::image::{Image, Tag, TagMove};
 use crate::api::refs::{ImageRef, TagName};
-use crate::clock::{format_ms, now_ms};
+use crate::clock::now_ms;
+use crate::store::rows::{self, parse_digest};
 use crate::store::{ImageStore, InsertOutcome, NewImage, StoreError, TagOutcome};
 
 #[async_trait]
@@ -180,17 +181,7 @@ impl ImageStore for SqliteStore {
         .bind(&tag.tag)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(from, to, actor, at)| {
-                Ok(TagMove {
-                    tag: tag.to_string(),
-                    from: from.as_deref().map(parse_digest).transpose()?,
-                    to: parse_digest(&to)?,
-                    actor,
-                    at: format_ms(at),
-                })
-            })
-            .collect()
+        rows::tag_history(tag, rows)
     }
     async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
         let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
@@ -198,15 +189,7 @@ impl ImageStore for SqliteStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(name, tag, d, at)| {
-                Ok(Tag {
-                    tag: format!("{name}:{tag}"),
-                    digest: parse_digest(&d)?,
-                    updated_at: format_ms(at),
-                })
-            })
-            .collect()
+        rows::tags(rows)
     }
     /// Every blob digest that some image needs.
     async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError> {
@@ -249,39 +232,18 @@ async fn check_insert(
 }
 
 impl SqliteStore {
-    async fn record(
-        &self,
-        (digest, name, version, created): (String, String, String, i64),
-    ) -> Result<Image, StoreError> {
-        let artifacts: Vec<(String, String, String, i64)> = sqlx::query_as(
+    async fn record(&self, row: rows::ImageRow) -> Result<Image, StoreError> {
+        let artifacts: Vec<rows::ArtifactRow> = sqlx::query_as(
             "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = ? ORDER BY position",
         )
-        .bind(&digest)
+        .bind(&row.0)
         .fetch_all(&self.pool)
         .await?;
         let tags: Vec<(String, String)> =
             sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = ? ORDER BY tag")
-                .bind(&digest)
+                .bind(&row.0)
                 .fetch_all(&self.pool)
                 .await?;
-        Ok(Image {
-            digest: parse_digest(&digest)?,
-            name,
-            version,
-            created_at: format_ms(created),
-            artifacts: artifacts
-                .into_iter()
-                .map(|(role, path, d, size)| {
-                    Ok(Artifact {
-                        role: Role::parse(&role)
-                            .ok_or_else(|| StoreError::Corrupt(format!("role {role}")))?,
-                        path,
-                        digest: parse_digest(&d)?,
-                        size: size as u64,
-                    })
-                })
-                .collect::<Result<_, StoreError>>()?,
-            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
-        })
+        rows::image(row, artifacts, tags)
     }
 }

@@ -1,12 +1,10 @@
 //! SQL for DHCP leases: loaded at start, saved in batches (one transaction per batch).
 
-use std::net::Ipv4Addr;
-
 use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::api::Mac;
-use crate::store::{LeaseRow, LeaseStore, StoreError};
+use crate::store::{LeaseRow, LeaseStore, StoreError, rows};
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
@@ -15,21 +13,7 @@ impl LeaseStore for SqliteStore {
             sqlx::query_as("SELECT mac, ip, expires_ms FROM dhcp_leases")
                 .fetch_all(&self.pool)
                 .await?;
-        rows.into_iter()
-            .map(|(mac, ip, expires)| {
-                let mac: Mac = mac
-                    .parse()
-                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?;
-                let ip: Ipv4Addr = ip
-                    .parse()
-                    .map_err(|_| StoreError::Corrupt(format!("lease address {ip:?}")))?;
-                Ok(LeaseRow {
-                    mac,
-                    ip,
-                    expires_ms: expires,
-                })
-            })
-            .collect()
+        rows::leases(rows)
     }
 
     /// Writes a batch of lease changes in one transaction.

@@ -5,12 +5,12 @@
 mod boots;
 mod events;
 mod images;
+mod leaders;
 mod leases;
 mod node_cache;
 mod nodes;
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,8 +18,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::api::Digest;
 use crate::store::{Backend, Store, StoreError};
+
+/// The database's name in the data directory, when `[store] url` names none.
+pub const DATABASE_FILE: &str = "bootfleet.db";
 
 /// Opens (creating) the database at `path`, migrated.
 pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -36,10 +38,6 @@ pub struct SqliteStore {
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
     node_cache: std::sync::Arc<node_cache::NodeCache>,
-}
-
-fn parse_digest(s: &str) -> Result<Digest, StoreError> {
-    Digest::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 /// A write transaction holding its turn at the write gate until it ends.
@@ -82,7 +80,7 @@ impl SqliteStore {
             .max_connections(4)
             .connect_with(options)
             .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
         // Readers that never wait for a connection held by a writer queued on the write
         // lock (WAL lets them read alongside it); for the DHCP path.
         let read_pool = SqlitePoolOptions::new()

@@ -8,59 +8,12 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::node::StateChange;
 use crate::api::{Mac, NodeState};
-use crate::clock::{format_ms, now_ms};
+use crate::clock::now_ms;
+use crate::store::rows::{self, NodeRow, select_nodes};
 use crate::store::{
     Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
     ReimageRule, StoreError,
 };
-
-type NodeRow = (
-    String,
-    Option<String>,
-    Option<String>,
-    String,
-    Option<String>,
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    Option<String>,
-);
-
-/// `SELECT` of every node column; static SQL, so sqlx needs no audit escape.
-macro_rules! select_nodes {
-    ($rest:literal) => {
-        concat!(
-            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc FROM nodes ",
-            $rest
-        )
-    };
-}
-
-fn node_from_row(r: NodeRow) -> Result<NodeRecord, StoreError> {
-    let corrupt = |m: String| StoreError::Corrupt(m);
-    Ok(NodeRecord {
-        mac: r
-            .0
-            .parse()
-            .map_err(|e: crate::api::MacError| corrupt(e.to_string()))?,
-        uuid: r.1,
-        hostname: r.2,
-        labels: serde_json::from_str(&r.3).map_err(|e| corrupt(format!("labels: {e}")))?,
-        assigned: r.4,
-        state: NodeState::parse(&r.5).ok_or_else(|| corrupt(format!("state {:?}", r.5)))?,
-        state_reason: r.6,
-        version: r.7,
-        created_at: format_ms(r.8),
-        updated_at: format_ms(r.9),
-        bmc: r
-            .10
-            .map(|b| serde_json::from_str(&b))
-            .transpose()
-            .map_err(|e| corrupt(format!("bmc: {e}")))?,
-    })
-}
 
 /// The history row and the event of a state change; always in the transaction of the
 /// change itself. Callers notify event readers after committing.
@@ -152,7 +105,7 @@ async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord
         .bind(mac.to_string())
         .fetch_optional(pool)
         .await?;
-    row.map(node_from_row).transpose()
+    row.map(rows::node).transpose()
 }
 
 #[async_trait]
@@ -178,7 +131,7 @@ impl NodeStore for SqliteStore {
             .await?;
         let n = rows.len();
         for row in rows {
-            self.node_cache.fill(epoch, &node_from_row(row)?);
+            self.node_cache.fill(epoch, &rows::node(row)?);
         }
         Ok(n)
     }
@@ -186,7 +139,7 @@ impl NodeStore for SqliteStore {
         let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter().map(node_from_row).collect()
+        rows::nodes(rows)
     }
     /// Records `mac` as discovered unless known; returns the node and whether it is new.
     async fn discover(
@@ -322,24 +275,12 @@ impl NodeStore for SqliteStore {
         Ok(CasOutcome::Done(Box::new(node)))
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
-        let rows: Vec<(Option<String>, String, String, i64)> =
+        let rows: Vec<rows::HistoryRow> =
             sqlx::query_as("SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = ? ORDER BY id")
                 .bind(mac.to_string())
                 .fetch_all(&self.pool)
                 .await?;
-        let state = |s: &str| {
-            NodeState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?}")))
-        };
-        rows.into_iter()
-            .map(|(from, to, reason, at)| {
-                Ok(StateChange {
-                    from: from.as_deref().map(state).transpose()?,
-                    to: state(&to)?,
-                    reason,
-                    at: format_ms(at),
-                })
-            })
-            .collect()
+        rows::history(rows)
     }
     /// Checks the budget and moves the node to reimaging in one write transaction, so two
     /// concurrent requests cannot both take the last slot.
@@ -354,17 +295,14 @@ impl NodeStore for SqliteStore {
             .bind(mac.to_string())
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(node) = row.map(node_from_row).transpose()? else {
+        let Some(node) = row.map(rows::node).transpose()? else {
             return Ok(ReimageOutcome::UnknownNode);
         };
         let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = ?"))
             .bind(NodeState::Reimaging.as_str())
             .fetch_all(&mut *tx)
             .await?;
-        let reimaging = rows
-            .into_iter()
-            .map(node_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
+        let reimaging = rows::nodes(rows)?;
         let to = match rule(&node, &reimaging) {
             ReimageDecision::Move(to) => to,
             refused => return Ok(ReimageOutcome::Refused(refused, node)),
@@ -455,17 +393,7 @@ impl NodeStore for SqliteStore {
         )
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|(mac, state, seen)| {
-                Ok((
-                    mac.parse()
-                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
-                    NodeState::parse(&state)
-                        .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?,
-                    seen,
-                ))
-            })
-            .collect()
+        rows::last_seen(rows)
     }
 }
 impl SqliteStore {

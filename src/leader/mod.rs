@@ -1,0 +1,83 @@
+//! Roles exactly one server plays at a time, among servers sharing a store: the webhook
+//! sender (one delivery of each event, in order) and the sweeper (one judge of silence).
+//! A role is a lease in the store (`LeaderStore`), renewed every `RENEW` and lapsing
+//! `TTL` after its last renewal: when its holder dies another server takes it within
+//! `TTL` + `RENEW`. A holder that cannot renew stops acting at once, before its lease
+//! can lapse, so two servers act together only if one is paused past its whole lease
+//! (webhook delivery is at-least-once anyway, and every state change compare-and-sets).
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::store::Store;
+
+/// How long a lease lasts after its last renewal.
+pub const TTL: Duration = Duration::from_secs(15);
+/// How often the holder renews (and others try to take it).
+pub const RENEW: Duration = Duration::from_secs(5);
+
+pub const WEBHOOKS: &str = "webhooks";
+pub const SWEEPER: &str = "sweeper";
+
+/// This process's name in the `leaders` table: host, pid and a random part (a pid
+/// repeats across restarts and containers).
+pub fn holder_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!(
+        "{host}:{}:{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// Holds `role` for `holder` while it can, until `stop`, then gives it up (a task of
+/// `tasks`, so a clean shutdown resigns before the store closes). The receiver reads
+/// true while this server holds the role.
+pub fn hold(
+    store: Store,
+    role: &'static str,
+    holder: String,
+    tasks: &tokio_util::task::TaskTracker,
+    stop: CancellationToken,
+) -> watch::Receiver<bool> {
+    let (leading, rx) = watch::channel(false);
+    tasks.spawn(async move {
+        loop {
+            let now = match store.lead(role, &holder, now_ms(), TTL.as_millis() as i64).await {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::warn!(role, error = %e, "cannot renew the role's lease; stepping down");
+                    false
+                }
+            };
+            leading.send_if_modified(|was| {
+                if *was != now {
+                    tracing::info!(role, leading = now, "role changed hands");
+                }
+                std::mem::replace(was, now) != now
+            });
+            tokio::select! {
+                () = tokio::time::sleep(RENEW) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        leading.send_replace(false);
+        if let Err(e) = store.resign(role, &holder).await {
+            tracing::warn!(role, error = %e, "cannot give up the role; it lapses by itself");
+        }
+    });
+    rx
+}
+
+/// Waits until `leading` reads true; false if `stop` came first.
+pub async fn until_leading(leading: &mut watch::Receiver<bool>, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        got = leading.wait_for(|l| *l) => got.is_ok(),
+        () = stop.cancelled() => false,
+    }
+}

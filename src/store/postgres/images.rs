@@ -1,0 +1,258 @@
+//! SQL for images, their artifacts, tags and tag history. Inserts and tag moves read
+//! what stands in their way first, under `lock::IMAGES`, so two servers publishing the
+//! same `name:version` get one insert and one clear outcome, not a constraint error.
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+
+use super::{PgStore, lock};
+use crate::api::Digest;
+use crate::api::image::{Image, Tag, TagMove};
+use crate::api::refs::{ImageRef, TagName};
+use crate::clock::now_ms;
+use crate::store::rows::{self, parse_digest};
+use crate::store::{ImageStore, InsertOutcome, NewImage, StoreError, TagOutcome};
+
+async fn lock_images(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock::IMAGES)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl ImageStore for PgStore {
+    async fn precheck(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        check_insert(&mut conn, img).await
+    }
+    async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError> {
+        let mut tx = self.tx().await?;
+        lock_images(&mut tx).await?;
+        let outcome = check_insert(&mut tx, img).await?;
+        if outcome != InsertOutcome::Inserted {
+            return Ok(outcome);
+        }
+        let canonical =
+            std::str::from_utf8(img.canonical).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO images (digest, name, version, manifest_toml, canonical, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(img.digest.to_string())
+        .bind(img.name)
+        .bind(img.version)
+        .bind(img.manifest_toml)
+        .bind(canonical)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        for (position, a) in img.artifacts.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO image_artifacts (image_digest, position, role, path, blob_digest, size) VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(img.digest.to_string())
+            .bind(position as i64)
+            .bind(a.role.as_str())
+            .bind(&a.path)
+            .bind(a.digest.to_string())
+            .bind(a.size as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(InsertOutcome::Inserted)
+    }
+    async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
+        let found: Option<(String,)> = match r {
+            ImageRef::Digest(d) => {
+                sqlx::query_as("SELECT digest FROM images WHERE digest = $1")
+                    .bind(d.to_string())
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            ImageRef::Named { name, label } => {
+                sqlx::query_as(
+                    "(SELECT digest FROM images WHERE name = $1 AND version = $2)
+                     UNION ALL
+                     (SELECT image_digest FROM tags WHERE name = $1 AND tag = $2)
+                     LIMIT 1",
+                )
+                .bind(name)
+                .bind(label)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+        };
+        found.map(|(d,)| parse_digest(&d)).transpose()
+    }
+    async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError> {
+        let row: Option<rows::ImageRow> = sqlx::query_as(
+            "SELECT digest, name, version, created_at_ms FROM images WHERE digest = $1",
+        )
+        .bind(digest.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(Some(self.record(row).await?)),
+            None => Ok(None),
+        }
+    }
+    async fn manifest_toml(&self, digest: &Digest) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT manifest_toml FROM images WHERE digest = $1")
+                .bind(digest.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(t,)| t))
+    }
+    async fn list_images(&self) -> Result<Vec<Image>, StoreError> {
+        let rows: Vec<rows::ImageRow> = sqlx::query_as(
+            "SELECT digest, name, version, created_at_ms FROM images ORDER BY name, created_at_ms, version",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(self.record(row).await?);
+        }
+        Ok(out)
+    }
+    async fn set_tag(
+        &self,
+        tag: &TagName,
+        digest: &Digest,
+        actor: &str,
+    ) -> Result<TagOutcome, StoreError> {
+        let mut tx = self.tx().await?;
+        lock_images(&mut tx).await?;
+        let image_name: Option<(String,)> =
+            sqlx::query_as("SELECT name FROM images WHERE digest = $1")
+                .bind(digest.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((image_name,)) = image_name else {
+            return Err(StoreError::Corrupt(format!(
+                "tagging unknown image {digest}"
+            )));
+        };
+        if image_name != tag.name {
+            return Ok(TagOutcome::NameMismatch { image_name });
+        }
+        let version_clash: Option<(i32,)> =
+            sqlx::query_as("SELECT 1 FROM images WHERE name = $1 AND version = $2")
+                .bind(&tag.name)
+                .bind(&tag.tag)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if version_clash.is_some() {
+            return Ok(TagOutcome::ClashesWithVersion);
+        }
+        let current: Option<(String,)> =
+            sqlx::query_as("SELECT image_digest FROM tags WHERE name = $1 AND tag = $2")
+                .bind(&tag.name)
+                .bind(&tag.tag)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let from = current.map(|(d,)| parse_digest(&d)).transpose()?;
+        if from == Some(*digest) {
+            return Ok(TagOutcome::Unchanged);
+        }
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO tags (name, tag, image_digest, updated_at_ms) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (name, tag) DO UPDATE SET image_digest = excluded.image_digest, updated_at_ms = excluded.updated_at_ms",
+        )
+        .bind(&tag.name)
+        .bind(&tag.tag)
+        .bind(digest.to_string())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO tag_history (name, tag, from_digest, to_digest, actor, at_ms) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(&tag.name)
+            .bind(&tag.tag)
+            .bind(from.map(|d| d.to_string()))
+            .bind(digest.to_string())
+            .bind(actor)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(TagOutcome::Moved { from })
+    }
+    async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, StoreError> {
+        let rows: Vec<(Option<String>, String, String, i64)> = sqlx::query_as(
+            "SELECT from_digest, to_digest, actor, at_ms FROM tag_history WHERE name = $1 AND tag = $2 ORDER BY id",
+        )
+        .bind(&tag.name)
+        .bind(&tag.tag)
+        .fetch_all(&self.pool)
+        .await?;
+        rows::tag_history(tag, rows)
+    }
+    async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
+        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name, tag",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows::tags(rows)
+    }
+    async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT DISTINCT blob_digest FROM image_artifacts")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter().map(|(d,)| parse_digest(&d)).collect()
+    }
+}
+
+/// The checks an insert makes; `Inserted` means "nothing stands in the way".
+async fn check_insert(
+    conn: &mut sqlx::PgConnection,
+    img: &NewImage<'_>,
+) -> Result<InsertOutcome, StoreError> {
+    let existing: Option<(String,)> =
+        sqlx::query_as("SELECT digest FROM images WHERE name = $1 AND version = $2")
+            .bind(img.name)
+            .bind(img.version)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if let Some((digest,)) = existing {
+        let existing = parse_digest(&digest)?;
+        return Ok(if existing == img.digest {
+            InsertOutcome::AlreadyPresent
+        } else {
+            InsertOutcome::VersionTaken { existing }
+        });
+    }
+    let tag_clash: Option<(i32,)> =
+        sqlx::query_as("SELECT 1 FROM tags WHERE name = $1 AND tag = $2")
+            .bind(img.name)
+            .bind(img.version)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if tag_clash.is_some() {
+        return Ok(InsertOutcome::ClashesWithTag);
+    }
+    Ok(InsertOutcome::Inserted)
+}
+
+impl PgStore {
+    async fn record(&self, row: rows::ImageRow) -> Result<Image, StoreError> {
+        let artifacts: Vec<rows::ArtifactRow> = sqlx::query_as(
+            "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = $1 ORDER BY position",
+        )
+        .bind(&row.0)
+        .fetch_all(&self.pool)
+        .await?;
+        let tags: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = $1 ORDER BY tag")
+                .bind(&row.0)
+                .fetch_all(&self.pool)
+                .await?;
+        rows::image(row, artifacts, tags)
+    }
+}

@@ -1,0 +1,46 @@
+//! SQL for DHCP leases: loaded at start, saved in batches (one transaction per batch).
+
+use async_trait::async_trait;
+
+use super::PgStore;
+use crate::api::Mac;
+use crate::store::{LeaseRow, LeaseStore, StoreError, rows};
+
+#[async_trait]
+impl LeaseStore for PgStore {
+    async fn load_leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT mac, ip, expires_ms FROM dhcp_leases")
+                .fetch_all(&self.pool)
+                .await?;
+        rows::leases(rows)
+    }
+
+    /// Writes a batch of lease changes in one transaction, one statement per kind.
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError> {
+        if keep.is_empty() && gone.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.tx().await?;
+        if !keep.is_empty() {
+            sqlx::query(
+                "INSERT INTO dhcp_leases (mac, ip, expires_ms)
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
+                 ON CONFLICT (mac) DO UPDATE SET ip = excluded.ip, expires_ms = excluded.expires_ms",
+            )
+            .bind(keep.iter().map(|l| l.mac.to_string()).collect::<Vec<_>>())
+            .bind(keep.iter().map(|l| l.ip.to_string()).collect::<Vec<_>>())
+            .bind(keep.iter().map(|l| l.expires_ms).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !gone.is_empty() {
+            sqlx::query("DELETE FROM dhcp_leases WHERE mac = ANY($1)")
+                .bind(gone.iter().map(|m| m.to_string()).collect::<Vec<_>>())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

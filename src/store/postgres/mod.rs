@@ -1,0 +1,137 @@
+//! The shared store: PostgreSQL, for several servers on one state. Same tables as
+//! SQLite (`migrations/postgres`), same row decoders (`store::rows`); what differs is how
+//! invariants hold across processes. SQLite serialises every write in one process;
+//! here each one names what it serialises on:
+//! - node state changes compare-and-set on `version` (a row update under the row's lock);
+//! - the disruption budget, image inserts and tag moves take a transaction-scoped
+//!   advisory lock (`lock::REIMAGE`, `lock::IMAGES`), so two servers cannot both take the
+//!   last slot or both publish `name:version`;
+//! - events are numbered under `lock::EVENTS` (see `events`), so `seq` follows commit
+//!   order with no gaps, and every commit with events sends a NOTIFY that wakes SSE
+//!   streams and webhook senders on every server.
+
+mod boots;
+mod events;
+mod images;
+mod leaders;
+mod leases;
+mod nodes;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+
+use crate::store::{Backend, Store, StoreError};
+
+/// Advisory lock keys (`pg_advisory_xact_lock`), one per thing serialised across servers.
+pub(crate) mod lock {
+    /// Event numbering: held from an event's insert to its commit.
+    pub const EVENTS: i64 = 0x626f_6f74_0001;
+    /// The disruption budget: every reimage decision.
+    pub const REIMAGE: i64 = 0x626f_6f74_0002;
+    /// Image inserts and tag moves (rare; `name:version` and tag clashes are read first).
+    pub const IMAGES: i64 = 0x626f_6f74_0003;
+}
+
+/// The channel every commit with events notifies.
+const EVENTS_CHANNEL: &str = "bootfleet_events";
+
+/// Connections per server: a boot storm's writers, the DHCP path and SSE polls.
+const MAX_CONNECTIONS: u32 = 16;
+
+/// Opens the database at `url` (`postgres://user@host/db`, or with `?host=/socket/dir`),
+/// migrated, with a listener for other servers' events.
+pub async fn open(url: &str, password: Option<&str>) -> Result<Store, StoreError> {
+    Ok(std::sync::Arc::new(PgStore::open(url, password).await?))
+}
+
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    /// Bumped when any server commits events (LISTEN, see `events`).
+    events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    /// Stops the listener task at `close`.
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl PgStore {
+    pub async fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
+        // sqlx's parse error quotes nothing of the URL, so a password cannot leak here.
+        let mut options: PgConnectOptions = url.parse()?;
+        if let Some(password) = password {
+            options = options.password(password);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        // Several servers starting at once on an empty database: one migrates, the
+        // others wait on sqlx's own advisory lock and find the work done.
+        sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let store = Self {
+            pool,
+            events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+            stop: Default::default(),
+        };
+        let listener = PgListener::connect_with(&store.pool).await?;
+        tokio::spawn(listen(
+            listener,
+            store.events_written.clone(),
+            store.stop.clone(),
+        ));
+        Ok(store)
+    }
+
+    /// A transaction; READ COMMITTED, so every write that depends on what it read locks
+    /// what it read (a row, or an advisory lock).
+    pub(crate) async fn tx(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Wakes this server's readers at once (other servers hear the NOTIFY).
+    pub(crate) fn notify_events(&self) {
+        self.events_written.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Wakes event readers whenever any server commits events. A lost connection is
+/// reconnected by sqlx's listener; readers poll as well, so a wakeup missed while it
+/// reconnects costs at most one poll interval.
+async fn listen(
+    mut listener: PgListener,
+    woken: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    if let Err(e) = listener.listen(EVENTS_CHANNEL).await {
+        tracing::warn!(error = %e, "cannot LISTEN for events; readers poll");
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = listener.try_recv() => match got {
+                Ok(_) => woken.send_modify(|n| *n = n.wrapping_add(1)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "event listener failed; readers poll");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for PgStore {
+    async fn close(&self) {
+        self.stop.cancel();
+        self.pool.close().await;
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,373 @@
+//! SQL for nodes, their state history and their boots. State changes compare-and-set on
+//! `version`: under READ COMMITTED a second writer waits for the first's row lock, then
+//! finds the version moved and changes nothing, on whichever server it runs.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use super::{PgStore, lock};
+use crate::api::node::StateChange;
+use crate::api::{Mac, NodeState};
+use crate::clock::now_ms;
+use crate::store::rows::{self, NodeRow, select_nodes};
+use crate::store::{
+    Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
+    ReimageRule, StoreError,
+};
+
+/// The history row and the event of a state change, in the change's transaction; the
+/// event last (it takes the event lock, see `events`).
+async fn insert_history(
+    conn: &mut sqlx::PgConnection,
+    mac: &Mac,
+    from: Option<NodeState>,
+    to: NodeState,
+    reason: &str,
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES ($1, $2, $3, $4, $5)")
+        .bind(mac.to_string())
+        .bind(from.map(NodeState::as_str))
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(at_ms)
+        .execute(&mut *conn)
+        .await?;
+    let data = crate::api::event::NodeStateData {
+        from,
+        to,
+        reason: reason.to_string(),
+    };
+    super::events::insert_event(
+        conn,
+        crate::api::event::kind::NODE_STATE,
+        Some(mac),
+        &data,
+        at_ms,
+    )
+    .await
+}
+
+/// Writes the row that belongs with a state change; false when the attestation was
+/// recorded before (the caller rolls back). A boot or verdict row that cannot be written
+/// is an error, not a replay.
+async fn write_attached(
+    conn: &mut sqlx::PgConnection,
+    mac: &Mac,
+    with: &Attached<'_>,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let written = match *with {
+        Attached::Boot(NewBoot {
+            id,
+            image,
+            token_sha256,
+        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+            .bind(id)
+            .bind(mac.to_string())
+            .bind(image.to_string())
+            .bind(token_sha256.to_string())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?,
+        Attached::Attestation {
+            boot_id,
+            verdict_json,
+            report_json,
+        } => sqlx::query("UPDATE boots SET attested_at_ms = $1, verdict = $2, report = $3 WHERE id = $4 AND attested_at_ms IS NULL")
+            .bind(now)
+            .bind(verdict_json)
+            .bind(report_json)
+            .bind(boot_id)
+            .execute(&mut *conn)
+            .await?,
+        Attached::Validation {
+            boot_id,
+            verdict_json,
+        } => sqlx::query("UPDATE boots SET validated_at_ms = $1, validation = $2 WHERE id = $3")
+            .bind(now)
+            .bind(verdict_json)
+            .bind(boot_id)
+            .execute(&mut *conn)
+            .await?,
+    };
+    match (with, written.rows_affected()) {
+        (_, 1) => Ok(true),
+        (Attached::Attestation { .. }, _) => Ok(false),
+        (_, n) => Err(StoreError::Corrupt(format!(
+            "{n} rows written for a state change's attached row"
+        ))),
+    }
+}
+
+async fn node_on(
+    conn: impl sqlx::PgExecutor<'_>,
+    mac: &Mac,
+) -> Result<Option<NodeRecord>, StoreError> {
+    let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = $1"))
+        .bind(mac.to_string())
+        .fetch_optional(conn)
+        .await?;
+    row.map(rows::node).transpose()
+}
+
+/// `node`, for callers that just wrote it.
+async fn written(pool: &sqlx::PgPool, mac: &Mac) -> Result<NodeRecord, StoreError> {
+    node_on(pool, mac)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
+}
+
+#[async_trait]
+impl NodeStore for PgStore {
+    async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        node_on(&self.pool, mac).await
+    }
+    /// Read through, not cached: another server may have written the node, and a
+    /// primary-key read on PostgreSQL does not wait for writers.
+    async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        node_on(&self.pool, mac).await
+    }
+    /// Nothing to warm (see `node_for_dhcp`): counts the nodes.
+    async fn warm_node_cache(&self) -> Result<usize, StoreError> {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM nodes")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n.max(0) as usize)
+    }
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
+            .fetch_all(&self.pool)
+            .await?;
+        rows::nodes(rows)
+    }
+    async fn discover(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+        reason: &str,
+    ) -> Result<(NodeRecord, bool), StoreError> {
+        let mut tx = self.tx().await?;
+        let now = now_ms();
+        let inserted = sqlx::query(
+            "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
+             VALUES ($1, $2, '{}', $3, $4, 1, $5, $5) ON CONFLICT (mac) DO NOTHING",
+        )
+        .bind(mac.to_string())
+        .bind(uuid)
+        .bind(NodeState::Discovered.as_str())
+        .bind(reason)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if inserted {
+            insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
+        } else if let Some(uuid) = uuid {
+            // Firmware may send the UUID only on some boots; keep the latest we saw.
+            sqlx::query("UPDATE nodes SET uuid = $1 WHERE mac = $2 AND uuid IS DISTINCT FROM $1")
+                .bind(uuid)
+                .bind(mac.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        if inserted {
+            self.notify_events();
+        }
+        Ok((written(&self.pool, mac).await?, inserted))
+    }
+    async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
+        self.discover(mac, None, "registered by an admin").await?;
+        sqlx::query("UPDATE nodes SET assigned_ref = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3")
+            .bind(reference)
+            .bind(now_ms())
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?;
+        written(&self.pool, mac).await
+    }
+    async fn label(
+        &self,
+        mac: &Mac,
+        set: &BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<Option<NodeRecord>, StoreError> {
+        let mut tx = self.tx().await?;
+        // FOR UPDATE: a label write on another server waits, then reads ours.
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT labels FROM nodes WHERE mac = $1 FOR UPDATE")
+                .bind(mac.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((labels,)) = row else {
+            return Ok(None);
+        };
+        let mut labels: BTreeMap<String, String> = serde_json::from_str(&labels)
+            .map_err(|e| StoreError::Corrupt(format!("labels: {e}")))?;
+        labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for k in remove {
+            labels.remove(k);
+        }
+        sqlx::query(
+            "UPDATE nodes SET labels = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3",
+        )
+        .bind(serde_json::to_string(&labels).expect("string map serialises"))
+        .bind(now_ms())
+        .bind(mac.to_string())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(written(&self.pool, mac).await?))
+    }
+    async fn set_state(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        to: NodeState,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<CasOutcome, StoreError> {
+        let mut tx = self.tx().await?;
+        let now = now_ms();
+        let changed = sqlx::query(
+            "UPDATE nodes SET state = $1, state_reason = $2, version = version + 1, updated_at_ms = $3
+             WHERE mac = $4 AND version = $5",
+        )
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(now)
+        .bind(mac.to_string())
+        .bind(version)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Ok(CasOutcome::Stale);
+        }
+        if let Some(with) = with
+            && !write_attached(&mut tx, mac, with, now).await?
+        {
+            return Ok(CasOutcome::AlreadyAttested);
+        }
+        insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(CasOutcome::Done(Box::new(written(&self.pool, mac).await?)))
+    }
+    async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
+        let rows: Vec<rows::HistoryRow> = sqlx::query_as(
+            "SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = $1 ORDER BY id",
+        )
+        .bind(mac.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows::history(rows)
+    }
+    /// Decides under `lock::REIMAGE`, held to the commit: a second request, on any
+    /// server, reads the reimaging set only after this one's move is visible.
+    async fn request_reimage(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        rule: &ReimageRule<'_>,
+    ) -> Result<ReimageOutcome, StoreError> {
+        let mut tx = self.tx().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock::REIMAGE)
+            .execute(&mut *tx)
+            .await?;
+        // FOR UPDATE: the node's own state change (its attestation, say) waits for this
+        // decision rather than being overwritten by it.
+        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = $1 FOR UPDATE"))
+            .bind(mac.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(node) = row.map(rows::node).transpose()? else {
+            return Ok(ReimageOutcome::UnknownNode);
+        };
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = $1"))
+            .bind(NodeState::Reimaging.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        let reimaging = rows::nodes(rows)?;
+        let to = match rule(&node, &reimaging) {
+            ReimageDecision::Move(to) => to,
+            refused => return Ok(ReimageOutcome::Refused(refused, node)),
+        };
+        let now = now_ms();
+        sqlx::query("UPDATE nodes SET state = $1, state_reason = $2, version = version + 1, updated_at_ms = $3 WHERE mac = $4")
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(now)
+            .bind(mac.to_string())
+            .execute(&mut *tx)
+            .await?;
+        insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(ReimageOutcome::Accepted(written(&self.pool, mac).await?))
+    }
+    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = $1")
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+    async fn save_idempotent_response(
+        &self,
+        key: &str,
+        mac: &Mac,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING")
+            .bind(key)
+            .bind(mac.to_string())
+            .bind(response)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
+        sqlx::query("UPDATE nodes SET last_heartbeat_ms = $1 WHERE mac = $2")
+            .bind(now_ms())
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+    async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let n = sqlx::query("UPDATE nodes SET revalidate_requested = TRUE WHERE mac = $1")
+            .bind(mac.to_string())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n == 1)
+    }
+    /// Clears a pending revalidation request; true for exactly one caller, on any server.
+    async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let n = sqlx::query(
+            "UPDATE nodes SET revalidate_requested = FALSE WHERE mac = $1 AND revalidate_requested",
+        )
+        .bind(mac.to_string())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+    async fn last_seen(&self) -> Result<Vec<(Mac, NodeState, i64)>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT mac, state, GREATEST(COALESCE(last_heartbeat_ms, 0), updated_at_ms) FROM nodes
+             WHERE state NOT IN ('discovered', 'unreachable', 'quarantined')",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows::last_seen(rows)
+    }
+}

@@ -1,0 +1,268 @@
+//! Row decoding both backends share: the columns each query selects, as Rust tuples of
+//! the types SQLite and PostgreSQL both return (TEXT as String, BIGINT as i64), and how
+//! they become the store's records. A value that does not parse is `Corrupt`, named.
+
+use std::str::FromStr;
+
+use crate::api::event::Event;
+use crate::api::image::{Artifact, Image, Role};
+use crate::api::node::StateChange;
+use crate::api::{Digest, Mac, NodeState};
+use crate::clock::format_ms;
+use crate::store::{BootFacts, Fetch, LeaseRow, NodeRecord, StoreError};
+
+pub(crate) fn parse_digest(s: &str) -> Result<Digest, StoreError> {
+    Digest::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+pub(crate) fn mac(s: &str) -> Result<Mac, StoreError> {
+    s.parse()
+        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))
+}
+
+pub(crate) fn state(s: &str) -> Result<NodeState, StoreError> {
+    NodeState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("state {s:?}")))
+}
+
+/// A JSON column, named in the error.
+pub(crate) fn json(
+    column: &str,
+    text: Option<String>,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    text.map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("{column}: {e}")))
+}
+
+/// Every column of `nodes`, in `NODE_COLUMNS` order.
+pub(crate) type NodeRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+    Option<String>,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    Option<String>,
+);
+
+/// The columns `NodeRow` holds, for `SELECT`s of both backends.
+macro_rules! select_nodes {
+    ($rest:literal) => {
+        concat!(
+            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc FROM nodes ",
+            $rest
+        )
+    };
+}
+
+pub(crate) use select_nodes;
+
+pub(crate) fn node(r: NodeRow) -> Result<NodeRecord, StoreError> {
+    let corrupt = |m: String| StoreError::Corrupt(m);
+    Ok(NodeRecord {
+        mac: mac(&r.0)?,
+        uuid: r.1,
+        hostname: r.2,
+        labels: serde_json::from_str(&r.3).map_err(|e| corrupt(format!("labels: {e}")))?,
+        assigned: r.4,
+        state: state(&r.5)?,
+        state_reason: r.6,
+        version: r.7,
+        created_at: format_ms(r.8),
+        updated_at: format_ms(r.9),
+        bmc: r
+            .10
+            .map(|b| serde_json::from_str(&b))
+            .transpose()
+            .map_err(|e| corrupt(format!("bmc: {e}")))?,
+    })
+}
+
+pub(crate) fn nodes(rows: Vec<NodeRow>) -> Result<Vec<NodeRecord>, StoreError> {
+    rows.into_iter().map(node).collect()
+}
+
+/// `from_state, to_state, reason, at_ms` of `node_history`.
+pub(crate) type HistoryRow = (Option<String>, String, String, i64);
+
+pub(crate) fn history(rows: Vec<HistoryRow>) -> Result<Vec<StateChange>, StoreError> {
+    rows.into_iter()
+        .map(|(from, to, reason, at)| {
+            Ok(StateChange {
+                from: from.as_deref().map(state).transpose()?,
+                to: state(&to)?,
+                reason,
+                at: format_ms(at),
+            })
+        })
+        .collect()
+}
+
+/// `mac, state, last seen` of the sweeper's query.
+pub(crate) fn last_seen(
+    rows: Vec<(String, String, i64)>,
+) -> Result<Vec<(Mac, NodeState, i64)>, StoreError> {
+    rows.into_iter()
+        .map(|(m, s, seen)| Ok((mac(&m)?, state(&s)?, seen)))
+        .collect()
+}
+
+/// `seq, at_ms, kind, mac, data` of `events`.
+pub(crate) type EventRow = (i64, i64, String, Option<String>, String);
+
+pub(crate) fn events(rows: Vec<EventRow>) -> Result<Vec<Event>, StoreError> {
+    rows.into_iter()
+        .map(|(seq, at, kind, node, data)| {
+            Ok(Event {
+                seq,
+                at: format_ms(at),
+                kind,
+                node: node.as_deref().map(mac).transpose()?,
+                data: serde_json::from_str(&data)
+                    .map_err(|e| StoreError::Corrupt(format!("event {seq}: {e}")))?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn event_data(data: &(impl serde::Serialize + Sync)) -> Result<String, StoreError> {
+    serde_json::to_string(data).map_err(|e| StoreError::Corrupt(format!("event data: {e}")))
+}
+
+/// `mac, ip, expires_ms` of `dhcp_leases`.
+pub(crate) fn leases(rows: Vec<(String, String, i64)>) -> Result<Vec<LeaseRow>, StoreError> {
+    rows.into_iter()
+        .map(|(m, ip, expires_ms)| {
+            Ok(LeaseRow {
+                mac: mac(&m)?,
+                ip: ip
+                    .parse()
+                    .map_err(|_| StoreError::Corrupt(format!("lease address {ip:?}")))?,
+                expires_ms,
+            })
+        })
+        .collect()
+}
+
+/// `digest, started_at_ms, finished_at_ms, bytes, whole` of `boot_fetches`.
+pub(crate) type FetchRow = (String, i64, Option<i64>, i64, bool);
+
+pub(crate) fn fetches(rows: Vec<FetchRow>) -> Result<Vec<Fetch>, StoreError> {
+    rows.into_iter()
+        .map(|(d, started, finished, bytes, whole)| {
+            Ok(Fetch {
+                digest: parse_digest(&d)?,
+                started_at_ms: started,
+                finished_at_ms: finished,
+                bytes: bytes.max(0) as u64,
+                whole,
+            })
+        })
+        .collect()
+}
+
+/// The columns of `boots` that `BootRow` holds, for `SELECT`s of both backends.
+macro_rules! select_boots {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, image_digest, created_at_ms, attested_at_ms, verdict, report, validated_at_ms, validation FROM boots ",
+            $rest
+        )
+    };
+}
+
+pub(crate) use select_boots;
+
+pub(crate) type BootRow = (
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+pub(crate) fn boot(row: BootRow, fetches: Vec<Fetch>) -> Result<BootFacts, StoreError> {
+    let (id, image, created, attested, verdict, report, validated, validation) = row;
+    Ok(BootFacts {
+        image: parse_digest(&image)?,
+        created_at_ms: created,
+        attested_at_ms: attested,
+        verdict: json("boots.verdict", verdict)?,
+        report: json("boots.report", report)?,
+        validated_at_ms: validated,
+        validation: json("boots.validation", validation)?,
+        fetches,
+        id,
+    })
+}
+
+/// `digest, name, version, created_at_ms` of `images`.
+pub(crate) type ImageRow = (String, String, String, i64);
+/// `role, path, blob_digest, size` of `image_artifacts`.
+pub(crate) type ArtifactRow = (String, String, String, i64);
+
+pub(crate) fn image(
+    (d, name, version, created): ImageRow,
+    artifacts: Vec<ArtifactRow>,
+    tags: Vec<(String, String)>,
+) -> Result<Image, StoreError> {
+    Ok(Image {
+        digest: parse_digest(&d)?,
+        name,
+        version,
+        created_at: format_ms(created),
+        artifacts: artifacts
+            .into_iter()
+            .map(|(role, path, d, size)| {
+                Ok(Artifact {
+                    role: Role::parse(&role)
+                        .ok_or_else(|| StoreError::Corrupt(format!("role {role}")))?,
+                    path,
+                    digest: parse_digest(&d)?,
+                    size: size as u64,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?,
+        tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+    })
+}
+
+/// `from_digest, to_digest, actor, at_ms` of `tag_history`.
+pub(crate) fn tag_history(
+    tag: &crate::api::refs::TagName,
+    rows: Vec<(Option<String>, String, String, i64)>,
+) -> Result<Vec<crate::api::image::TagMove>, StoreError> {
+    rows.into_iter()
+        .map(|(from, to, actor, at)| {
+            Ok(crate::api::image::TagMove {
+                tag: tag.to_string(),
+                from: from.as_deref().map(parse_digest).transpose()?,
+                to: parse_digest(&to)?,
+                actor,
+                at: format_ms(at),
+            })
+        })
+        .collect()
+}
+
+/// `name, tag, image_digest, updated_at_ms` of `tags`.
+pub(crate) fn tags(
+    rows: Vec<(String, String, String, i64)>,
+) -> Result<Vec<crate::api::image::Tag>, StoreError> {
+    rows.into_iter()
+        .map(|(name, tag, d, at)| {
+            Ok(crate::api::image::Tag {
+                tag: format!("{name}:{tag}"),
+                digest: parse_digest(&d)?,
+                updated_at: format_ms(at),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,42 @@
+//! SQL for role leases (`LeaderStore`): one conditional upsert.
+
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::store::{LeaderStore, StoreError};
+
+#[async_trait]
+impl LeaderStore for SqliteStore {
+    async fn lead(
+        &self,
+        role: &str,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool, StoreError> {
+        // Autocommit writes queue at the gate too (SqliteStore::write_gate).
+        let _gate = self.write_gate().await;
+        let n = sqlx::query(
+            "INSERT INTO leaders (role, holder, expires_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_ms = excluded.expires_ms
+             WHERE leaders.holder = excluded.holder OR leaders.expires_ms < ?4",
+        )
+        .bind(role)
+        .bind(holder)
+        .bind(now_ms + ttl_ms)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n == 1)
+    }
+    async fn resign(&self, role: &str, holder: &str) -> Result<(), StoreError> {
+        let _gate = self.write_gate().await;
+        sqlx::query("DELETE FROM leaders WHERE role = ? AND holder = ?")
+            .bind(role)
+            .bind(holder)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,510 @@
+//! The store battery: every test here runs on SQLite and on PostgreSQL (`on_both!`), and
+//! most open the store twice, as two servers would, and race the two handles. What holds
+//! inside one process must hold across servers: compare-and-set, the disruption budget,
+//! a token attesting once, answered-once flags, one event order without gaps, one holder
+//! per role.
+
+use std::collections::BTreeSet;
+
+use bootfleet::api::{Digest, Mac, NodeState};
+use bootfleet::store::{
+    Attached, CasOutcome, Fetch, InsertOutcome, LeaseRow, NewBoot, NewImage, ReimageDecision,
+    ReimageOutcome, Store, StoreUrl,
+};
+
+/// One database, which tests may open more than once.
+enum Db {
+    Sqlite(tempfile::TempDir),
+    Postgres(String),
+}
+
+impl Db {
+    async fn sqlite() -> Self {
+        Db::Sqlite(tempfile::tempdir().unwrap())
+    }
+    async fn postgres() -> Self {
+        Db::Postgres(crate::pg::database().await)
+    }
+    /// A handle of its own: another server's view of the same database.
+    async fn open(&self) -> Store {
+        let url = match self {
+            Db::Sqlite(dir) => StoreUrl::Sqlite(dir.path().join("bootfleet.db")),
+            Db::Postgres(url) => StoreUrl::parse(url).unwrap(),
+        };
+        bootfleet::store::open(&url, None).await.unwrap()
+    }
+}
+
+/// `test_name::sqlite` and `test_name::postgres` for each battery function.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(super::Db::sqlite().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name(super::Db::postgres().await).await
+            }
+        }
+    )*};
+}
+
+on_both!(
+    compare_and_set_lets_one_writer_win_across_servers,
+    the_budget_holds_when_two_servers_decide_at_once,
+    a_boot_attests_once_across_servers,
+    a_revalidation_request_is_answered_once,
+    events_have_one_order_without_gaps,
+    one_server_holds_a_role_until_it_lapses,
+    one_publish_of_a_version_wins,
+    every_write_is_seen_by_the_next_dhcp_read,
+    leases_fetches_tags_and_idempotency_keys_round_trip,
+);
+
+fn mac(i: u32) -> Mac {
+    format!("52:54:00:00:{:02x}:{:02x}", i >> 8, i & 0xff)
+        .parse()
+        .unwrap()
+}
+
+/// An image row for boots to point at.
+async fn image(store: &Store, name: &str, version: &str) -> Digest {
+    let canonical = format!("{name}:{version}");
+    let digest = Digest::of(canonical.as_bytes());
+    let img = NewImage {
+        digest,
+        name,
+        version,
+        manifest_toml: "",
+        canonical: canonical.as_bytes(),
+        artifacts: &[],
+    };
+    assert_eq!(
+        store.insert_image(&img).await.unwrap(),
+        InsertOutcome::Inserted
+    );
+    digest
+}
+
+async fn compare_and_set_lets_one_writer_win_across_servers(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let mac = mac(1);
+    let (node, _) = a.discover(&mac, None, "test").await.unwrap();
+    let (x, y) = tokio::join!(
+        a.set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Provisioning,
+            "a",
+            None
+        ),
+        b.set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Reimaging,
+            "b",
+            None
+        ),
+    );
+    let outcomes = [x.unwrap(), y.unwrap()];
+    let done = outcomes
+        .iter()
+        .filter(|o| matches!(o, CasOutcome::Done(_)))
+        .count();
+    let stale = outcomes
+        .iter()
+        .filter(|o| matches!(o, CasOutcome::Stale))
+        .count();
+    assert_eq!((done, stale), (1, 1), "{outcomes:?}");
+    assert_eq!(
+        b.node_history(&mac).await.unwrap().len(),
+        2,
+        "one history row for the one change that landed"
+    );
+    a.close().await;
+    b.close().await;
+}
+
+async fn the_budget_holds_when_two_servers_decide_at_once(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let nodes: Vec<Mac> = (0..20).map(mac).collect();
+    for m in &nodes {
+        a.discover(m, None, "test").await.unwrap();
+    }
+    // At most two reimaging at once, whoever asks.
+    let rule = |_: &bootfleet::store::NodeRecord, reimaging: &[bootfleet::store::NodeRecord]| {
+        if reimaging.len() >= 2 {
+            ReimageDecision::OverBudget(format!("{} reimaging", reimaging.len()))
+        } else {
+            ReimageDecision::Move(NodeState::Reimaging)
+        }
+    };
+    let asks = nodes.iter().enumerate().map(|(i, m)| {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move { store.request_reimage(m, "test", &rule).await.unwrap() }
+    });
+    let outcomes = futures_util::future::join_all(asks).await;
+    let accepted = outcomes
+        .iter()
+        .filter(|o| matches!(o, ReimageOutcome::Accepted(_)))
+        .count();
+    assert_eq!(accepted, 2, "{outcomes:?}");
+    let reimaging = b
+        .nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.state == NodeState::Reimaging)
+        .count();
+    assert_eq!(reimaging, 2);
+    a.close().await;
+    b.close().await;
+}
+
+async fn a_boot_attests_once_across_servers(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let digest = image(&a, "demo", "1").await;
+    let mac = mac(2);
+    let (node, _) = a.discover(&mac, None, "test").await.unwrap();
+    let token = Digest::of(b"token");
+    let boot = Attached::Boot(NewBoot {
+        id: "boot-1",
+        image: &digest,
+        token_sha256: &token,
+    });
+    let CasOutcome::Done(node) = a
+        .set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Provisioning,
+            "boot",
+            Some(&boot),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("the boot opens")
+    };
+    let attest = Attached::Attestation {
+        boot_id: "boot-1",
+        verdict_json: "{}",
+        report_json: "{}",
+    };
+    let (x, y) = tokio::join!(
+        a.set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Validating,
+            "a",
+            Some(&attest)
+        ),
+        b.set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Validating,
+            "b",
+            Some(&attest)
+        ),
+    );
+    let outcomes = [x.unwrap(), y.unwrap()];
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| matches!(o, CasOutcome::Done(_)))
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    // A replay at the node's new version finds the attestation recorded.
+    let now = b.node(&mac).await.unwrap().unwrap();
+    let replay = b
+        .set_state(
+            &mac,
+            now.version,
+            now.state,
+            NodeState::Validating,
+            "replay",
+            Some(&attest),
+        )
+        .await
+        .unwrap();
+    assert_eq!(replay, CasOutcome::AlreadyAttested);
+    let boot = b.boot_for_attest("boot-1").await.unwrap().unwrap();
+    assert!(boot.attested && boot.latest);
+    assert_eq!(b.node(&mac).await.unwrap().unwrap().version, now.version);
+    a.close().await;
+    b.close().await;
+}
+
+async fn a_revalidation_request_is_answered_once(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let mac = mac(3);
+    assert!(!a.request_revalidate(&mac).await.unwrap(), "unknown node");
+    a.discover(&mac, None, "test").await.unwrap();
+    for _ in 0..10 {
+        assert!(a.request_revalidate(&mac).await.unwrap());
+        let (x, y) = tokio::join!(a.take_revalidate(&mac), b.take_revalidate(&mac));
+        assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|t| **t).count(), 1);
+    }
+    a.close().await;
+    b.close().await;
+}
+
+/// Writers on two servers, a reader following the log as it grows: the reader sees
+/// every event exactly once, in one order, and the numbers have no gaps.
+async fn events_have_one_order_without_gaps(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let reader = db.open().await;
+    const PER_WRITER: usize = 60;
+    let writer = |store: Store, base: u32| async move {
+        for i in 0..PER_WRITER as u32 {
+            if i % 2 == 0 {
+                store.discover(&mac(base + i), None, "test").await.unwrap();
+            } else {
+                let data = serde_json::json!({ "i": i });
+                store.record_event("test", None, &data).await.unwrap();
+            }
+        }
+    };
+    let follow = async {
+        let mut seen = Vec::new();
+        let mut cursor = 0;
+        while seen.len() < 2 * PER_WRITER {
+            let page = reader.events_since(cursor, 7, None).await.unwrap();
+            for e in &page {
+                cursor = e.seq;
+                seen.push(e.seq);
+            }
+            if page.is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+        seen
+    };
+    let (seen, (), ()) = tokio::join!(follow, writer(a.clone(), 1000), writer(b.clone(), 2000));
+    let expected: Vec<i64> = (1..=(2 * PER_WRITER) as i64).collect();
+    assert_eq!(seen, expected, "the reader saw every event once, in order");
+    assert_eq!(reader.events_head().await.unwrap(), (2 * PER_WRITER) as i64);
+    let all = reader.events_since(0, 1000, None).await.unwrap();
+    let seqs: Vec<i64> = all.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, expected);
+    for s in [a, b, reader] {
+        s.close().await;
+    }
+}
+
+async fn one_server_holds_a_role_until_it_lapses(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let (t, ttl) = (1_000_000, 15_000);
+    let (x, y) = tokio::join!(
+        a.lead("sweeper", "server-a", t, ttl),
+        b.lead("sweeper", "server-b", t, ttl)
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    assert!(x ^ y, "exactly one leads: a {x}, b {y}");
+    let (holder, other, hs, os) = if x {
+        ("server-a", "server-b", &a, &b)
+    } else {
+        ("server-b", "server-a", &b, &a)
+    };
+    assert!(
+        hs.lead("sweeper", holder, t + 5_000, ttl).await.unwrap(),
+        "renews"
+    );
+    assert!(
+        !os.lead("sweeper", other, t + 19_000, ttl).await.unwrap(),
+        "renewed lease holds"
+    );
+    assert!(
+        os.lead("webhooks", other, t, ttl).await.unwrap(),
+        "roles are apart"
+    );
+    // The holder dies: past its lease the other takes over, and the old one is refused.
+    assert!(
+        os.lead("sweeper", other, t + 20_001, ttl).await.unwrap(),
+        "takes over"
+    );
+    assert!(!hs.lead("sweeper", holder, t + 20_002, ttl).await.unwrap());
+    os.resign("sweeper", other).await.unwrap();
+    assert!(
+        hs.lead("sweeper", holder, t + 20_003, ttl).await.unwrap(),
+        "free after resign"
+    );
+    a.close().await;
+    b.close().await;
+}
+
+async fn one_publish_of_a_version_wins(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let new = |content: &'static [u8]| NewImage {
+        digest: Digest::of(content),
+        name: "demo",
+        version: "7",
+        manifest_toml: "",
+        canonical: content,
+        artifacts: &[],
+    };
+    let (one, two) = (new(b"one"), new(b"two"));
+    let (x, y) = tokio::join!(a.insert_image(&one), b.insert_image(&two));
+    let mut outcomes = [x.unwrap(), y.unwrap()];
+    outcomes.sort_by_key(|o| format!("{o:?}"));
+    assert!(
+        matches!(
+            outcomes,
+            [InsertOutcome::Inserted, InsertOutcome::VersionTaken { .. }]
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(a.list_images().await.unwrap().len(), 1);
+    a.close().await;
+    b.close().await;
+}
+
+async fn every_write_is_seen_by_the_next_dhcp_read(db: Db) {
+    let store = db.open().await;
+    let mac = mac(4);
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap(), None);
+    store.discover(&mac, None, "test").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.assigned, None);
+    store.assign(&mac, "demo:stable").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.assigned.as_deref(), Some("demo:stable"));
+    let set = [("boot".to_string(), "local".to_string())].into();
+    store.label(&mac, &set, &[]).await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.labels.get("boot").map(String::as_str), Some("local"));
+    let outcome = store
+        .set_state(
+            &mac,
+            seen.version,
+            seen.state,
+            NodeState::Quarantined,
+            "test",
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CasOutcome::Done(_)), "{outcome:?}");
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.state, NodeState::Quarantined);
+    store.discover(&mac, Some("uuid-2"), "test").await.unwrap();
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert_eq!(seen.uuid.as_deref(), Some("uuid-2"));
+    store.close().await;
+}
+
+async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
+    let store = db.open().await;
+    // Leases: a batch in, one gone.
+    let keep: Vec<LeaseRow> = (0..3)
+        .map(|i| LeaseRow {
+            mac: mac(10 + i),
+            ip: std::net::Ipv4Addr::new(10, 0, 0, 10 + i as u8),
+            expires_ms: 1000 + i as i64,
+        })
+        .collect();
+    store.save_leases(&keep, &[]).await.unwrap();
+    store.save_leases(&[], &[mac(11)]).await.unwrap();
+    let mut loaded = store.load_leases().await.unwrap();
+    loaded.sort_by_key(|l| l.mac.to_string());
+    assert_eq!(loaded, vec![keep[0].clone(), keep[2].clone()]);
+    // Fetches: a made-up boot id records nothing.
+    let digest = image(&store, "demo", "1").await;
+    let m = mac(20);
+    let (node, _) = store.discover(&m, None, "test").await.unwrap();
+    let token = Digest::of(b"t");
+    let boot = Attached::Boot(NewBoot {
+        id: "boot-f",
+        image: &digest,
+        token_sha256: &token,
+    });
+    store
+        .set_state(
+            &m,
+            node.version,
+            node.state,
+            NodeState::Provisioning,
+            "boot",
+            Some(&boot),
+        )
+        .await
+        .unwrap();
+    let fetch = Fetch {
+        digest,
+        started_at_ms: 5,
+        finished_at_ms: Some(9),
+        bytes: 42,
+        whole: true,
+    };
+    let recorded = store
+        .record_fetches(&[
+            ("boot-f".into(), fetch.clone()),
+            ("made-up".into(), fetch.clone()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(recorded, 1);
+    assert_eq!(store.fetches("boot-f").await.unwrap(), vec![fetch]);
+    let facts = store.boot_facts(&m, 5).await.unwrap();
+    assert_eq!(facts.len(), 1);
+    assert_eq!(facts[0].fetches.len(), 1);
+    // Tags: a move, a repeat, history.
+    let tag = bootfleet::api::refs::TagName::parse("demo:stable").unwrap();
+    let moved = store.set_tag(&tag, &digest, "admin").await.unwrap();
+    assert_eq!(moved, bootfleet::store::TagOutcome::Moved { from: None });
+    let again = store.set_tag(&tag, &digest, "admin").await.unwrap();
+    assert_eq!(again, bootfleet::store::TagOutcome::Unchanged);
+    assert_eq!(store.tag_history(&tag).await.unwrap().len(), 1);
+    let r = bootfleet::api::refs::ImageRef::Named {
+        name: "demo".into(),
+        label: "stable".into(),
+    };
+    assert_eq!(store.resolve(&r).await.unwrap(), Some(digest));
+    // Idempotency keys: the first answer stays.
+    store
+        .save_idempotent_response("k", &m, "first")
+        .await
+        .unwrap();
+    store
+        .save_idempotent_response("k", &m, "second")
+        .await
+        .unwrap();
+    let (_, response) = store.idempotent_response("k").await.unwrap().unwrap();
+    assert_eq!(response, "first");
+    let seen: BTreeSet<_> = store
+        .nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.mac)
+        .collect();
+    assert!(seen.contains(&m));
+    store.close().await;
+}
+
+/// PostgreSQL wakes event readers on every server (NOTIFY at commit); SQLite serves one
+/// process, whose readers are woken in process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_wakes_event_readers_on_every_server() {
+    let db = Db::postgres().await;
+    let (a, b) = (db.open().await, db.open().await);
+    let mut woken = b.subscribe_events();
+    woken.borrow_and_update();
+    a.record_event("test", None, &serde_json::json!({}))
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), woken.changed())
+        .await
+        .expect("server b is woken by server a's commit")
+        .unwrap();
+    a.close().await;
+    b.close().await;
+}
