@@ -10,15 +10,18 @@ build_release() {
   cargo build --release --quiet
 }
 
-# start_server DATA_DIR PORT: starts bootfleet in the background; sets SERVER_PID.
+# start_server DATA_DIR PORT [SERVE FLAGS...]: starts bootfleet in the background; sets
+# SERVER_PID.
 start_server() {
-  "$BIN" --data-dir "$1" serve --listen "127.0.0.1:$2" --log-format json 2>"$1.log" &
+  local data=$1 port=$2
+  shift 2
+  "$BIN" --data-dir "$data" serve --listen "127.0.0.1:$port" --log-format json "$@" 2>"$data.log" &
   SERVER_PID=$!
   for _ in $(seq 100); do
-    curl -fs "http://127.0.0.1:$2/healthz" >/dev/null 2>&1 && return 0
+    curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
-  echo "server did not start; see $1.log" >&2
+  echo "server did not start; see $data.log" >&2
   return 1
 }
 
@@ -74,4 +77,22 @@ NGINX
   nginx -c "$3/nginx.conf" &
   NGINX_PID=$!
   sleep 1
+}
+
+# start_postgres DIR: Debian's PostgreSQL in DIR (initdb, then the server on a Unix
+# socket in DIR only), as the postgres user when run as root, with its durable defaults
+# (fsync and synchronous_commit on, as SQLite's synchronous=FULL). Sets PG_URL (database
+# "bootfleet") and PG_PID.
+start_postgres() {
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  [ -x "$bin/initdb" ] || { echo "missing PostgreSQL: apt-get install postgresql" >&2; return 1; }
+  local as=()
+  if [ "$(id -u)" = 0 ]; then as=(runuser -u postgres --); chown postgres "$1"; fi
+  "${as[@]}" "$bin/initdb" -A trust -U postgres -D "$1/data" >/dev/null
+  "${as[@]}" "$bin/postgres" -D "$1/data" -k "$1" -c listen_addresses= -c max_connections=200 >"$1/log" 2>&1 &
+  PG_PID=$!
+  for _ in $(seq 100); do [ -S "$1/.s.PGSQL.5432" ] && break; sleep 0.1; done
+  "${as[@]}" "$bin/psql" -h "$1" -U postgres -qc 'CREATE DATABASE bootfleet' postgres
+  PG_URL="postgres://postgres@localhost/bootfleet?host=$1"
 }

@@ -13,6 +13,9 @@ use crate::image::blobstore::BlobStore;
 use crate::image::bundle::{self, BundleError, BundleLimits};
 use crate::store::{InsertOutcome, NewImage, Store, StoreError, TagOutcome};
 
+/// The prefix of an unreachable store's errors (for the HTTP layer, which names no store).
+pub use crate::store::UNAVAILABLE as STORE_UNAVAILABLE;
+
 #[derive(Clone)]
 pub struct Registry {
     pub store: Store,

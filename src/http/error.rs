@@ -53,6 +53,11 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            // Errors cross the services as text; an unreachable store's keeps its
+            // prefix, so that clients (and load balancers) retry another server.
+            ApiError::Internal(m) if m.contains(crate::registry::STORE_UNAVAILABLE) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
@@ -67,6 +72,11 @@ impl IntoResponse for ApiError {
             }),
         )
             .into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

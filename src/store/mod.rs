@@ -20,14 +20,50 @@ use crate::api::{Digest, Mac, NodeState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database cannot be reached now (connection refused or lost, the pool timed
+    /// out, the server shutting down or refusing connections): worth retrying, and the
+    /// HTTP layer answers 503 with Retry-After. The prefix is what it recognises.
+    #[error("{UNAVAILABLE}: {0}")]
+    Unavailable(sqlx::Error),
     #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
+    Db(sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
     #[error("[store] {0}")]
     Config(String),
+}
+
+/// How an unreachable store's errors begin, wherever they are passed on as text.
+pub const UNAVAILABLE: &str = "the store is unreachable";
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if unreachable(&e) {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Db(e)
+        }
+    }
+}
+
+/// Connection-level failures, as opposed to a statement's own error. SQLSTATE classes:
+/// 08 connection exception, 53 insufficient resources (too many connections), 57
+/// operator intervention (shutdown, terminated); 55000 is "database is not currently
+/// accepting connections".
+fn unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08") || c.starts_with("53") || c.starts_with("57") || c == "55000"
+        }),
+        _ => false,
+    }
 }
 
 /// Where the store lives: `[store] url`.

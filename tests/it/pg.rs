@@ -134,6 +134,47 @@ impl Postgres {
     }
 }
 
+/// A superuser connection to the shared server's `postgres` database.
+pub async fn admin() -> sqlx::PgConnection {
+    let server = SERVER.get_or_init(start);
+    use sqlx::Connection as _;
+    // The server may still be starting up behind its socket: retry briefly.
+    let mut tries = 0;
+    loop {
+        match sqlx::PgConnection::connect(&server.url("postgres")).await {
+            Ok(c) => return c,
+            Err(_) if tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("cannot connect to the test PostgreSQL: {e}"),
+        }
+    }
+}
+
+/// Takes a test's database away (no new connections, every open one cut) or gives it
+/// back: the store of that test's servers goes unreachable, as in a database outage.
+pub async fn set_reachable(url: &str, reachable: bool) {
+    let name = url
+        .split_once("@localhost/")
+        .and_then(|(_, rest)| rest.split('?').next())
+        .unwrap();
+    let mut admin = admin().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {name} ALLOW_CONNECTIONS {reachable}"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    if !reachable {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(name)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+}
+
 /// A new, empty database on the shared server; its URL.
 pub async fn database() -> String {
     let server = SERVER.get_or_init(start);
@@ -142,19 +183,7 @@ pub async fn database() -> String {
         std::process::id(),
         DATABASES.fetch_add(1, Ordering::Relaxed)
     );
-    use sqlx::Connection as _;
-    // The server may still be starting up behind its socket: retry briefly.
-    let mut tries = 0;
-    let mut admin = loop {
-        match sqlx::PgConnection::connect(&server.url("postgres")).await {
-            Ok(c) => break c,
-            Err(_) if tries < 100 => {
-                tries += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("cannot connect to the test PostgreSQL: {e}"),
-        }
-    };
+    let mut admin = admin().await;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut admin)
         .await

@@ -192,3 +192,71 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
     assert_eq!(got, (1..=8).collect::<Vec<_>>());
     last.stop().await;
 }
+
+/// The database goes away under a running server: it is not ready, API calls answer 503
+/// with Retry-After (not 500), DHCP's directory gives no answer (so the packet is
+/// dropped and another server may answer); when the database returns, all recover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_whose_store_is_unreachable_says_so_and_recovers() {
+    use bootfleet::dhcp::directory::NodeDirectory as _;
+    let url = crate::pg::database().await;
+    let (servers, _shared) = cluster(1, &url, |_| {}).await;
+    let server = &servers[0];
+    let mac = mac(3, 1);
+    let (status, _) = server
+        .publish_query(good_bundle("demo", "1", b"k1"), "?tag=demo:stable")
+        .await;
+    assert_eq!(status, 201);
+    server.assign(&mac, "demo:stable").await;
+    let directory_store = {
+        let u = bootfleet::store::StoreUrl::parse(&url).unwrap();
+        bootfleet::store::open(&u, None).await.unwrap()
+    };
+    let directory = bootfleet::node::directory::StoreDirectory {
+        store: directory_store.clone(),
+        controller: bootfleet::node::controller::NodeController::new(directory_store.clone()),
+    };
+    let node_mac: bootfleet::api::Mac = mac.parse().unwrap();
+    assert!(directory.node_view(node_mac, None).await.is_some());
+    let ready = || async {
+        server
+            .get("/readyz")
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(ready().await, 200);
+
+    crate::pg::set_reachable(&url, false).await;
+    assert_eq!(ready().await, 503);
+    let r = server.get("/api/v1/nodes").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("unreachable"), "{body}");
+    assert!(
+        directory.node_view(node_mac, None).await.is_none(),
+        "no answer rather than a wrong one"
+    );
+
+    crate::pg::set_reachable(&url, true).await;
+    let mut back = false;
+    for _ in 0..100 {
+        if ready().await == 200 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "ready again once the database is back");
+    let (status, nodes) = server.json("/api/v1/nodes").await;
+    assert_eq!(status, 200);
+    assert_eq!(nodes.as_array().unwrap().len(), 1);
+    assert!(directory.node_view(node_mac, None).await.is_some());
+    directory_store.close().await;
+    for s in servers {
+        s.stop().await;
+    }
+}

@@ -439,62 +439,84 @@ fn transfers_complete_under_five_percent_loss() {
     }
     assert!(up, "TFTP server did not come up in the namespace");
     // All at once: a third lockstep (curl), two thirds windowed (atftp).
+    let fetch = |i: usize, name: &str, out: &std::path::Path| {
+        let mut child = if i.is_multiple_of(3) {
+            let url = format!("tftp://127.0.0.1/{name}");
+            ns.exec(
+                "curl",
+                &[
+                    "-sS",
+                    "--max-time",
+                    "120",
+                    "--tftp-blksize",
+                    "1468",
+                    &url,
+                    "-o",
+                    out.to_str().unwrap(),
+                ],
+            )
+        } else {
+            ns.exec(
+                "atftp",
+                &[
+                    "--option",
+                    "blksize 1468",
+                    "--option",
+                    "windowsize 8",
+                    "-g",
+                    "-r",
+                    name,
+                    "-l",
+                    out.to_str().unwrap(),
+                    "127.0.0.1",
+                    "69",
+                ],
+            )
+        };
+        child
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
     let children: Vec<_> = files
         .iter()
         .enumerate()
         .map(|(i, (name, _))| {
             let out = work.path().join(format!("got-{name}"));
-            let mut child = if i % 3 == 0 {
-                let url = format!("tftp://127.0.0.1/{name}");
-                ns.exec(
-                    "curl",
-                    &[
-                        "-sS",
-                        "--max-time",
-                        "120",
-                        "--tftp-blksize",
-                        "1468",
-                        &url,
-                        "-o",
-                        out.to_str().unwrap(),
-                    ],
-                )
-            } else {
-                ns.exec(
-                    "atftp",
-                    &[
-                        "--option",
-                        "blksize 1468",
-                        "--option",
-                        "windowsize 8",
-                        "-g",
-                        "-r",
-                        name,
-                        "-l",
-                        out.to_str().unwrap(),
-                        "127.0.0.1",
-                        "69",
-                    ],
-                )
-            };
-            let child = child
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn();
-            (name.clone(), out, child.unwrap())
+            let child = fetch(i, name, &out);
+            (i, name.clone(), out, child)
         })
         .collect();
-    for (name, out, child) in children {
-        let result = child.wait_with_output().unwrap();
+    let mut atftp_oack_aborts = 0;
+    for (i, name, out, child) in children {
+        let mut result = child.wait_with_output().unwrap();
+        let said = |r: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&r.stdout),
+                String::from_utf8_lossy(&r.stderr)
+            )
+        };
+        // atftp 0.8 aborts when it receives an OACK again after acknowledging one: the
+        // server's retransmission when the client's ACK 0 was lost, as RFC 2347 asks.
+        // That is the client's defect; that one fetch runs again, and must succeed.
+        if !result.status.success() && said(&result).contains("unexpected OACK") {
+            atftp_oack_aborts += 1;
+            result = fetch(i, &name, &out).wait_with_output().unwrap();
+        }
         assert!(
             result.status.success(),
-            "{name}: client failed under loss: {}{}",
-            String::from_utf8_lossy(&result.stdout),
-            String::from_utf8_lossy(&result.stderr)
+            "{name}: client failed under loss: {}",
+            said(&result)
         );
         let expected = &files.iter().find(|(n, _)| *n == name).unwrap().1;
         same_file(&out, expected);
     }
+    assert!(
+        atftp_oack_aborts <= 2,
+        "{atftp_oack_aborts} atftp fetches hit the duplicate-OACK abort: more than loss explains"
+    );
     assert!(
         ns.dropped() > 0,
         "the loss rule dropped nothing: the test proved nothing"

@@ -64,7 +64,9 @@ impl PgStore {
         }
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
-            .acquire_timeout(Duration::from_secs(10))
+            // A request waits this long for a connection before it fails with 503: a
+            // server whose database is gone says so quickly, and nodes retry elsewhere.
+            .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
         // Several servers starting at once on an empty database: one migrates, the
