@@ -49,6 +49,9 @@ pub struct FileConfig {
     /// `[store]`: where nodes, images and events are kept.
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[blobs]`: the shared object store, when blobs are kept on S3.
+    #[serde(default)]
+    pub blobs: crate::image::objects::ObjectsConfig,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -178,6 +181,7 @@ pub struct ServerConfig {
     pub webhooks: Vec<crate::events::webhook::WebhookConfig>,
     pub dhcp: DhcpFileConfig,
     pub store: StoreConfig,
+    pub blobs: crate::image::objects::ObjectsConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -236,6 +240,7 @@ impl ServerConfig {
             budget: file.reimage,
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,
+            blobs: file.blobs,
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),
                 ..file.store

@@ -21,6 +21,8 @@ pub struct Registry {
     pub store: Store,
     pub blobs: Arc<BlobStore>,
     pub limits: BundleLimits,
+    /// The shared object store, when `[blobs] url` is set: `blobs` is then its cache.
+    pub shared: Option<Arc<crate::image::cache::SharedBlobs>>,
     /// Publishes hold it shared while they make blobs visible and insert rows; GC holds
     /// it exclusively, so it never sees a blob whose image row is not yet written.
     gc_lock: Arc<RwLock<()>>,
@@ -40,6 +42,8 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     #[error("blob storage error: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Objects(#[from] crate::image::objects::ObjectError),
 }
 
 impl Registry {
@@ -48,7 +52,38 @@ impl Registry {
             store,
             blobs: Arc::new(blobs),
             limits,
+            shared: None,
             gc_lock: Arc::new(RwLock::new(())),
+        }
+    }
+
+    /// Blobs on a shared object store, `blobs` its local cache.
+    pub fn with_objects(
+        mut self,
+        objects: crate::image::objects::Objects,
+        cache_max_bytes: Option<u64>,
+    ) -> Self {
+        self.shared = Some(Arc::new(crate::image::cache::SharedBlobs::new(
+            objects,
+            self.blobs.clone(),
+            cache_max_bytes,
+        )));
+        self
+    }
+
+    /// Makes `digest` servable from the local directory: true if it is there now. With
+    /// an object store, a missing blob is filled from it (verified first).
+    pub async fn local_blob(&self, digest: &Digest) -> Result<bool, RegistryError> {
+        if self.blobs.contains(digest) {
+            return Ok(true);
+        }
+        let Some(shared) = &self.shared else {
+            return Ok(false);
+        };
+        match shared.ensure_local(digest).await {
+            Ok(()) => Ok(true),
+            Err(crate::image::objects::ObjectError::Missing(_)) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -91,6 +126,12 @@ impl Registry {
             tokio::task::spawn_blocking(move || blobs.commit(staged.temps))
                 .await
                 .map_err(|e| std::io::Error::other(e.to_string()))??;
+            // The object store before the row: a row another server can read always
+            // names blobs it can fetch.
+            if let Some(shared) = &self.shared {
+                let digests: Vec<Digest> = new.artifacts.iter().map(|a| a.digest).collect();
+                shared.upload(&digests).await?;
+            }
             self.store.insert_image(&new).await?
         };
         self.refuse_unless_publishable(&new, outcome.clone())?;

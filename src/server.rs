@@ -53,7 +53,14 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .iter()
         .map(crate::events::webhook::Webhook::load)
         .collect::<Result<Vec<_>, _>>()?;
-    let registry = Registry::new(store.clone(), blobs, cfg.limits);
+    let mut registry = Registry::new(store.clone(), blobs, cfg.limits);
+    if let Some(objects) = crate::image::objects::Objects::open(&cfg.blobs)? {
+        objects
+            .ensure_bucket()
+            .await
+            .context("cannot reach the object store ([blobs])")?;
+        registry = registry.with_objects(objects, cfg.blobs.cache_max_bytes);
+    }
     let controller = crate::node::controller::NodeController::new(store.clone());
     let nodes = crate::node::service::NodeService {
         store: store.clone(),

@@ -29,6 +29,10 @@ pub async fn get_blob(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let digest = Digest::from_hex(&hex_digits).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    // With an object store, a blob this server has not served before is filled first.
+    if !state.registry.local_blob(&digest).await? {
+        return Err(ApiError::NotFound(format!("no blob {digest}")));
+    }
     let path = state.registry.blobs.path_of(&digest);
     let maps = state.blob_maps.clone();
     let opened = tokio::task::spawn_blocking(move || {

@@ -5,6 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::image::bundle::BundleError;
+use crate::image::objects::ObjectError;
 use crate::registry::RegistryError;
 
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,10 @@ pub enum ApiError {
     TooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A dependency (the object store) is unreachable or handed back damaged bytes:
+    /// 503 with Retry-After, so the client tries again or elsewhere.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<RegistryError> for ApiError {
@@ -40,6 +45,13 @@ impl From<RegistryError> for ApiError {
             RegistryError::NotFound(m) => ApiError::NotFound(m),
             RegistryError::Invalid(m) => ApiError::BadRequest(m),
             RegistryError::Store(_) | RegistryError::Io(_) => ApiError::Internal(e.to_string()),
+            RegistryError::Objects(o) => match o {
+                ObjectError::Missing(_) => ApiError::NotFound(o.to_string()),
+                ObjectError::Unreachable(_) | ObjectError::Damaged { .. } => {
+                    ApiError::Unavailable(o.to_string())
+                }
+                _ => ApiError::Internal(o.to_string()),
+            },
         }
     }
 }
@@ -59,6 +71,7 @@ impl IntoResponse for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");

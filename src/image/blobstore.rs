@@ -130,6 +130,35 @@ impl BlobStore {
         Ok(out)
     }
 
+    /// Removes the blobs written longest ago (by mtime: when they were filled) until the
+    /// directory holds at most `max_bytes`, never `keep`. Only for a directory that is a
+    /// cache of an object store: here the blobs are copies.
+    pub fn evict_oldest(&self, max_bytes: u64, keep: &Digest) -> io::Result<u64> {
+        let mut held = Vec::new();
+        let mut total = 0;
+        for digest in self.list()? {
+            let Ok(meta) = fs::metadata(self.path_of(&digest)) else {
+                continue;
+            };
+            total += meta.len();
+            held.push((meta.modified()?, meta.len(), digest));
+        }
+        held.sort();
+        let mut evicted = 0;
+        for (_, len, digest) in held {
+            if total <= max_bytes {
+                break;
+            }
+            if digest == *keep {
+                continue;
+            }
+            fs::remove_file(self.path_of(&digest))?;
+            total -= len;
+            evicted += len;
+        }
+        Ok(evicted)
+    }
+
     /// Re-hashes every blob; moves the ones that no longer match to quarantine.
     pub fn verify(&self) -> io::Result<VerifyReport> {
         let mut report = VerifyReport {

@@ -4,5 +4,7 @@
 pub mod blobstore;
 pub mod bundle;
 pub mod bundle_path;
+pub mod cache;
 pub mod canonical;
 pub mod manifest;
+pub mod objects;

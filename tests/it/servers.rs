@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::harness::{TestServer, good_bundle};
 
 /// Servers sharing `url`, the admin token and `configure`'s settings.
-async fn cluster(
+pub async fn cluster(
     n: usize,
     url: &str,
     configure: impl Fn(&mut bootfleet::config::ServerConfig),

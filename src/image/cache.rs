@@ -1,0 +1,81 @@
+//! The local blob directory as a cache of the shared object store: a blob a server does
+//! not hold is filled from the object store on first request, verified by sha256 before
+//! it becomes visible (`Objects::fetch`), once however many requests want it at the
+//! same time (they wait on one fill and then all read the file), and the cache is held
+//! under `cache_max_bytes` by evicting the blobs filled longest ago. Eviction is safe
+//! only because the object store keeps every blob: without one, nothing is evicted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::blobstore::BlobStore;
+use super::objects::{ObjectError, Objects};
+use crate::api::Digest;
+
+pub struct SharedBlobs {
+    pub objects: Objects,
+    local: Arc<BlobStore>,
+    max_bytes: Option<u64>,
+    /// One lock per blob being filled: the first request fills, the others wait on it.
+    fills: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl SharedBlobs {
+    pub fn new(objects: Objects, local: Arc<BlobStore>, max_bytes: Option<u64>) -> Self {
+        Self {
+            objects,
+            local,
+            max_bytes,
+            fills: Default::default(),
+        }
+    }
+
+    /// Makes `digest` present locally, filling it from the object store if it is not.
+    pub async fn ensure_local(&self, digest: &Digest) -> Result<(), ObjectError> {
+        if self.local.contains(digest) {
+            return Ok(());
+        }
+        let lock = self
+            .fills
+            .lock()
+            .expect("not poisoned")
+            .entry(*digest)
+            .or_default()
+            .clone();
+        let result = {
+            let _filling = lock.lock().await;
+            if self.local.contains(digest) {
+                Ok(())
+            } else {
+                self.fill(digest).await
+            }
+        };
+        self.fills.lock().expect("not poisoned").remove(digest);
+        result
+    }
+
+    async fn fill(&self, digest: &Digest) -> Result<(), ObjectError> {
+        let temp = self.objects.fetch(digest, &self.local).await?;
+        let local = self.local.clone();
+        let (max, keep) = (self.max_bytes, *digest);
+        tokio::task::spawn_blocking(move || {
+            local.commit(vec![temp])?;
+            if let Some(max) = max {
+                local.evict_oldest(max, &keep)?;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+        tracing::debug!(%digest, "blob filled from the object store");
+        Ok(())
+    }
+
+    /// Uploads local blobs the object store does not hold yet (a publish, before its row).
+    pub async fn upload(&self, digests: &[Digest]) -> Result<(), ObjectError> {
+        for d in digests {
+            self.objects.put_file(d, &self.local.path_of(d)).await?;
+        }
+        Ok(())
+    }
+}

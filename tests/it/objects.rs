@@ -1,0 +1,218 @@
+//! Blobs on a real S3 server (`s3s-fs`): published through one server and served by
+//! another, each blob verified before it is ever served from a server's cache; a damaged
+//! object is refused; the object store going away costs only what no cache holds, with
+//! 503 and Retry-After, and recovery when it returns; the cache stays under its bound.
+
+use crate::harness::{TestServer, good_bundle, noise};
+
+/// The digest of `name:version`'s kernel, as the server lists it.
+async fn kernel_digest(server: &TestServer, reference: &str) -> String {
+    let (status, image) = server.json(&format!("/api/v1/images/{reference}")).await;
+    assert_eq!(status, 200, "{image}");
+    image["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["role"] == "kernel")
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn blob_url(digest: &str) -> String {
+    format!("/blobs/sha256/{}", digest.strip_prefix("sha256:").unwrap())
+}
+
+async fn get_blob(server: &TestServer, digest: &str) -> reqwest::Response {
+    server.get(&blob_url(digest)).send().await.unwrap()
+}
+
+fn drop_from_cache(server: &TestServer, digest: &str) {
+    let path = server
+        .blob_dir()
+        .join(digest.strip_prefix("sha256:").unwrap());
+    std::fs::remove_file(path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_published_through_one_server_boots_through_another() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let blobs = s3.config(creds.path());
+    let bucket = blobs.url.as_deref().unwrap()[5..]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let url = crate::pg::database().await;
+    let (servers, _shared) =
+        crate::servers::cluster(2, &url, |cfg| cfg.blobs = blobs.clone()).await;
+    let (a, b) = (&servers[0], &servers[1]);
+    let kernel = noise(3 << 20, 7);
+    let (status, published) = a
+        .publish_query(good_bundle("demo", "1", &kernel), "?tag=demo:stable")
+        .await;
+    assert_eq!(status, 201);
+    let digest = kernel_digest(b, "demo:stable").await;
+    assert!(
+        s3.object_path(&bucket, &digest).is_file(),
+        "the object store holds it"
+    );
+    assert!(
+        !b.blob_dir().join(&digest[7..]).exists(),
+        "b has not served it yet"
+    );
+    // Many nodes at once ask b for a blob it does not hold: one fill, every one served.
+    let gets = (0..8).map(|_| async { get_blob(b, &digest).await });
+    for r in futures_util::future::join_all(gets).await {
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
+    }
+    assert!(
+        b.blob_dir().join(&digest[7..]).is_file(),
+        "b's cache holds it"
+    );
+    assert!(
+        b.blob_dir_entries().iter().all(|n| !n.starts_with(".tmp")),
+        "no temp left: {:?}",
+        b.blob_dir_entries()
+    );
+    // Assigned through a, a node boots through b to ready: script, blobs, attestation,
+    // validation; a sees it ready.
+    let mac = "52-54-00-40-00-01";
+    a.assign(mac, "demo:stable").await;
+    crate::fake_node::FakeNode::new(b, mac)
+        .boot_to_ready(&published)
+        .await;
+    let (_, node) = a.json(&format!("/api/v1/nodes/{mac}")).await;
+    assert_eq!(node["state"], "ready", "{node}");
+    for s in servers {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_object_is_never_served() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let blobs = s3.config(creds.path());
+    let bucket = blobs.url.as_deref().unwrap()[5..]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let kernel = noise(1 << 20, 8);
+    let (status, _) = server
+        .publish_query(good_bundle("demo", "1", &kernel), "?tag=demo:stable")
+        .await;
+    assert_eq!(status, 201);
+    let digest = kernel_digest(&server, "demo:stable").await;
+    drop_from_cache(&server, &digest);
+    // Someone flips bytes in the bucket: same length, other content.
+    let object = s3.object_path(&bucket, &digest);
+    let mut damaged = kernel.clone();
+    damaged[4096] ^= 0xff;
+    std::fs::write(&object, &damaged).unwrap();
+    let r = get_blob(&server, &digest).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("damaged"), "{body}");
+    assert!(
+        server
+            .blob_dir_entries()
+            .iter()
+            .all(|n| !n.contains(&digest[7..]) && !n.starts_with(".tmp")),
+        "nothing of it kept: {:?}",
+        server.blob_dir_entries()
+    );
+    // Repaired in the bucket: served again.
+    std::fs::write(&object, &kernel).unwrap();
+    let r = get_blob(&server, &digest).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_object_store_going_away_costs_only_what_no_cache_holds() {
+    let s3 = crate::s3::start();
+    let creds = tempfile::tempdir().unwrap();
+    let blobs = s3.config(creds.path());
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let (one, two) = (noise(1 << 20, 9), noise(1 << 20, 10));
+    for (version, kernel) in [("1", &one), ("2", &two)] {
+        let (status, _) = server.publish(good_bundle("demo", version, kernel)).await;
+        assert_eq!(status, 201);
+    }
+    let cached = kernel_digest(&server, "demo:1").await;
+    let uncached = kernel_digest(&server, "demo:2").await;
+    drop_from_cache(&server, &uncached);
+
+    s3.kill();
+    let r = get_blob(&server, &cached).await;
+    assert_eq!(r.status(), 200, "what the cache holds is served");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), one.as_slice());
+    let r = get_blob(&server, &uncached).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    assert!(r.text().await.unwrap().contains("unreachable"));
+    // A publish cannot reach the object store: refused, and no image row is written.
+    let (status, body) = server
+        .publish(good_bundle("demo", "3", &noise(4096, 11)))
+        .await;
+    assert_eq!(status, 503, "{body}");
+    let (_, images) = server.json("/api/v1/images").await;
+    assert_eq!(images.as_array().unwrap().len(), 2);
+
+    s3.restart();
+    let r = get_blob(&server, &uncached).await;
+    assert_eq!(r.status(), 200, "recovered once the object store is back");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), two.as_slice());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_stays_under_its_bound() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    const SIZE: usize = 256 << 10;
+    blobs.cache_max_bytes = Some((SIZE * 2 + SIZE / 2) as u64);
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let mut digests = Vec::new();
+    for i in 0..4u64 {
+        let (status, _) = server
+            .publish(good_bundle("demo", &i.to_string(), &noise(SIZE, 20 + i)))
+            .await;
+        assert_eq!(status, 201);
+        digests.push(kernel_digest(&server, &format!("demo:{i}")).await);
+    }
+    for name in server.blob_dir_entries() {
+        std::fs::remove_file(server.blob_dir().join(name)).unwrap();
+    }
+    for d in &digests {
+        assert_eq!(get_blob(&server, d).await.status(), 200);
+        // Distinct fill times for the eviction order (mtime).
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let held: u64 = server
+        .blob_dir_entries()
+        .iter()
+        .map(|n| std::fs::metadata(server.blob_dir().join(n)).unwrap().len())
+        .sum();
+    assert!(held <= blobs.cache_max_bytes.unwrap(), "{held} bytes held");
+    assert!(
+        server.blob_dir().join(&digests[3][7..]).is_file(),
+        "the newest stays"
+    );
+    assert!(
+        !server.blob_dir().join(&digests[0][7..]).exists(),
+        "the oldest went"
+    );
+    // An evicted blob is filled again on demand.
+    assert_eq!(get_blob(&server, &digests[0]).await.status(), 200);
+    server.stop().await;
+}

@@ -1,0 +1,163 @@
+//! A real S3 server for the tests: `s3s-fs` (the s3s project's S3 server over a
+//! directory; `scripts/test` installs it with cargo), on 127.0.0.1, its objects plain
+//! files under a temporary root so a test can damage one. One is shared by the test
+//! binary (each test its own bucket); a test that takes the store away starts its own.
+//! A watchdog stops each when this test binary exits.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub const ACCESS_KEY: &str = "bootfleet-test-access";
+pub const SECRET_KEY: &str = "bootfleet-test-secret-0123456789";
+
+pub struct S3 {
+    pub endpoint: String,
+    /// Buckets are directories here, objects files.
+    pub root: PathBuf,
+    base: PathBuf,
+    port: u16,
+    /// The server's pid (for a test that stops it).
+    pid_file: PathBuf,
+}
+
+static SHARED: OnceLock<S3> = OnceLock::new();
+static BUCKETS: AtomicUsize = AtomicUsize::new(0);
+
+fn binary() -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_default();
+    let installed = home.join("bin").join("s3s-fs");
+    if installed.exists() {
+        return installed;
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|p| p.join("s3s-fs"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "s3s-fs not found: cargo install s3s-fs --version 0.14.1 --features binary --locked"
+            )
+        })
+}
+
+/// Starts an s3s-fs of its own (it lives until `kill` or the test binary's end).
+pub fn start() -> S3 {
+    let base = tempfile::Builder::new()
+        .prefix("bootfleet-s3-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let data = base.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let s3 = S3 {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        root: data,
+        pid_file: base.join("pid"),
+        base,
+        port,
+    };
+    s3.spawn();
+    s3
+}
+
+pub fn shared() -> &'static S3 {
+    SHARED.get_or_init(start)
+}
+
+impl S3 {
+    /// Runs the server on its port and root, with a watchdog that stops it, and removes
+    /// its files, once this test binary is gone.
+    fn spawn(&self) {
+        let script = format!(
+            "{bin} --host 127.0.0.1 --port {port} --access-key {ACCESS_KEY} --secret-key {SECRET_KEY} \
+               {data} >>{base}/log 2>&1 & s=$!; echo $s >{pid}; \
+             while [ -d /proc/{me} ]; do sleep 0.5; done; \
+             kill $s 2>/dev/null; wait $s; rm -rf {base}",
+            bin = binary().display(),
+            port = self.port,
+            data = self.root.display(),
+            base = self.base.display(),
+            pid = self.pid_file.display(),
+            me = std::process::id(),
+        );
+        let _ = std::fs::remove_file(&self.pid_file);
+        let started = std::process::Command::new("sh")
+            .args(["-c", &format!("({script}) &")])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(started.success(), "cannot start s3s-fs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !self.pid_file.exists()
+            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "s3s-fs did not start: {}",
+                std::fs::read_to_string(self.base.join("log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the server again after `kill`, on the same port with the same objects.
+    pub fn restart(&self) {
+        self.spawn();
+    }
+    /// `[blobs]` for a new bucket of this server, with the credentials file in `dir`.
+    pub fn config(&self, dir: &Path) -> bootfleet::image::objects::ObjectsConfig {
+        let bucket = format!(
+            "bf-{}-{}",
+            std::process::id(),
+            BUCKETS.fetch_add(1, Ordering::Relaxed)
+        );
+        self.config_for(dir, &bucket)
+    }
+
+    /// `[blobs]` for `bucket` (servers sharing one pass the same).
+    pub fn config_for(&self, dir: &Path, bucket: &str) -> bootfleet::image::objects::ObjectsConfig {
+        let credentials = dir.join("s3.credentials");
+        std::fs::write(
+            &credentials,
+            format!("access_key_id = \"{ACCESS_KEY}\"\nsecret_access_key = \"{SECRET_KEY}\"\n"),
+        )
+        .unwrap();
+        bootfleet::image::objects::ObjectsConfig {
+            url: Some(format!("s3://{bucket}/fleet")),
+            endpoint: Some(self.endpoint.clone()),
+            region: None,
+            credentials_file: Some(credentials),
+            cache_max_bytes: None,
+        }
+    }
+
+    /// Where s3s-fs keeps `digest`'s object in `bucket` (a plain file).
+    pub fn object_path(&self, bucket: &str, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        self.root
+            .join(bucket)
+            .join("fleet")
+            .join("sha256")
+            .join(hex)
+    }
+
+    /// Stops this server (kill -9): the object store goes away.
+    pub fn kill(&self) {
+        let pid = std::fs::read_to_string(&self.pid_file).unwrap();
+        let ok = std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill s3s-fs");
+    }
+}
