@@ -55,10 +55,11 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut registry = Registry::new(store.clone(), blobs, cfg.limits);
     if let Some(objects) = crate::image::objects::Objects::open(&cfg.blobs)? {
-        objects
-            .ensure_bucket()
-            .await
-            .context("cannot reach the object store ([blobs])")?;
+        // A server restarted during an object-store outage still serves its cache: the
+        // bucket check is a warning, not a reason to stay down.
+        if let Err(e) = objects.ensure_bucket().await {
+            tracing::warn!(error = %e, "cannot check the object store's bucket; serving from the cache until it answers");
+        }
         registry = registry.with_objects(objects, cfg.blobs.cache_max_bytes);
     }
     let controller = crate::node::controller::NodeController::new(store.clone());

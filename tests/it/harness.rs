@@ -244,3 +244,17 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_bootfleet"))
 }
+
+/// Runs `script` with `sh` (a `Command` for `sh`, perhaps under another user) in the
+/// background: the shell started here returns at once and is reaped, the script lives
+/// on. The test servers' watchdogs use it.
+pub fn run_detached(mut sh: std::process::Command, script: &str, what: &str) {
+    let started = sh
+        .args(["-c", &format!("({script}) &")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(started.success(), "cannot start {what}");
+}

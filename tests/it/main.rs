@@ -4,6 +4,7 @@ mod agent;
 mod auth;
 mod blobs;
 mod bundles;
+mod deploy;
 mod dhcp_fuzz;
 mod dhcp_net;
 mod e2e;

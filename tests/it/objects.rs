@@ -20,6 +20,12 @@ async fn kernel_digest(server: &TestServer, reference: &str) -> String {
         .to_string()
 }
 
+/// The bucket a `[blobs]` config names.
+fn bucket_of(blobs: &bootfleet::image::objects::ObjectsConfig) -> String {
+    let rest = blobs.url.as_deref().unwrap().strip_prefix("s3://").unwrap();
+    rest.split('/').next().unwrap().to_string()
+}
+
 fn blob_url(digest: &str) -> String {
     format!("/blobs/sha256/{}", digest.strip_prefix("sha256:").unwrap())
 }
@@ -40,11 +46,7 @@ async fn an_image_published_through_one_server_boots_through_another() {
     let s3 = crate::s3::shared();
     let creds = tempfile::tempdir().unwrap();
     let blobs = s3.config(creds.path());
-    let bucket = blobs.url.as_deref().unwrap()[5..]
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let bucket = bucket_of(&blobs);
     let url = crate::pg::database().await;
     let (servers, _shared) =
         crate::servers::cluster(2, &url, |cfg| cfg.blobs = blobs.clone()).await;
@@ -97,11 +99,7 @@ async fn a_damaged_object_is_never_served() {
     let s3 = crate::s3::shared();
     let creds = tempfile::tempdir().unwrap();
     let blobs = s3.config(creds.path());
-    let bucket = blobs.url.as_deref().unwrap()[5..]
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let bucket = bucket_of(&blobs);
     let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
     let kernel = noise(1 << 20, 8);
     let (status, _) = server

@@ -103,15 +103,7 @@ fn start() -> Postgres {
         dir = dir.display(),
         me = std::process::id(),
     );
-    // Backgrounded inside, so the shell we start returns at once and is reaped.
-    let started = as_db_user(Path::new("sh"))
-        .args(["-c", &format!("({script}) &")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(started.success(), "cannot start PostgreSQL's watchdog");
+    crate::harness::run_detached(as_db_user(Path::new("sh")), &script, "PostgreSQL");
     let socket = dir.join(format!(".s.PGSQL.{PORT}"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !socket.exists() {

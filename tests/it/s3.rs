@@ -88,14 +88,7 @@ impl S3 {
             me = std::process::id(),
         );
         let _ = std::fs::remove_file(&self.pid_file);
-        let started = std::process::Command::new("sh")
-            .args(["-c", &format!("({script}) &")])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(started.success(), "cannot start s3s-fs");
+        crate::harness::run_detached(std::process::Command::new("sh"), &script, "s3s-fs");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !self.pid_file.exists()
             || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
