@@ -245,20 +245,32 @@ impl Registry {
         let report = tokio::task::spawn_blocking(move || blobs.verify())
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))??;
+        let mut referenced: Vec<Digest> =
+            self.store.referenced_blobs().await?.into_iter().collect();
+        referenced.sort();
+        if let Some(shared) = &self.shared {
+            // The bucket is the copy of record: every object an image needs is re-hashed
+            // (downloaded, not kept); the local cache was checked above.
+            let objects = shared.verify_objects(&referenced).await?;
+            return Ok(VerifyReport {
+                checked: report.checked + objects.checked,
+                bytes: report.bytes + objects.bytes,
+                quarantined: report.quarantined,
+                missing: objects.missing,
+                damaged_objects: objects.damaged,
+            });
+        }
         let present: std::collections::HashSet<Digest> = self.blobs.list()?.into_iter().collect();
-        let mut missing: Vec<Digest> = self
-            .store
-            .referenced_blobs()
-            .await?
+        let missing: Vec<Digest> = referenced
             .into_iter()
             .filter(|d| !present.contains(d))
             .collect();
-        missing.sort();
         Ok(VerifyReport {
             checked: report.checked,
             bytes: report.bytes,
             quarantined: report.quarantined,
             missing,
+            damaged_objects: Vec::new(),
         })
     }
 

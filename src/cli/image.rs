@@ -125,7 +125,10 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                 .send(client.request(Method::POST, "/api/v1/blobs/verify"))
                 .await?;
             emit(out, &report, print_verify)?;
-            if !report.quarantined.is_empty() || !report.missing.is_empty() {
+            if !report.quarantined.is_empty()
+                || !report.missing.is_empty()
+                || !report.damaged_objects.is_empty()
+            {
                 bail!("verify found damaged or missing blobs");
             }
             Ok(())
@@ -318,7 +321,12 @@ fn print_verify(r: &VerifyReport) {
     for d in &r.missing {
         println!("MISSING {d}: needed by an image; publish that image again to restore it");
     }
-    if r.quarantined.is_empty() && r.missing.is_empty() {
+    for d in &r.damaged_objects {
+        println!(
+            "DAMAGED {d}: the object store's copy does not match its digest (never served); publish that image again"
+        );
+    }
+    if r.quarantined.is_empty() && r.missing.is_empty() && r.damaged_objects.is_empty() {
         println!("all blobs intact");
     }
 }

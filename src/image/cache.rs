@@ -12,6 +12,15 @@ use super::blobstore::BlobStore;
 use super::objects::{ObjectError, Objects};
 use crate::api::Digest;
 
+/// What `verify_objects` found.
+#[derive(Debug, Default)]
+pub struct ObjectsReport {
+    pub checked: usize,
+    pub bytes: u64,
+    pub damaged: Vec<Digest>,
+    pub missing: Vec<Digest>,
+}
+
 pub struct SharedBlobs {
     pub objects: Objects,
     local: Arc<BlobStore>,
@@ -69,6 +78,28 @@ impl SharedBlobs {
         .map_err(|e| std::io::Error::other(e.to_string()))??;
         tracing::debug!(%digest, "blob filled from the object store");
         Ok(())
+    }
+
+    /// Re-hashes the object of every digest in `wanted` (each is downloaded into a temp
+    /// blob and dropped; the cache is left as it was). Returns how many were checked and
+    /// their bytes, the damaged ones and the missing ones.
+    pub async fn verify_objects(&self, wanted: &[Digest]) -> Result<ObjectsReport, ObjectError> {
+        let mut report = ObjectsReport::default();
+        for d in wanted {
+            match self.objects.fetch(d, &self.local).await {
+                Ok(temp) => {
+                    report.checked += 1;
+                    report.bytes += temp.size;
+                }
+                Err(ObjectError::Missing(d)) => report.missing.push(d),
+                Err(ObjectError::Damaged { expected, .. }) => {
+                    tracing::warn!(digest = %expected, "object store copy is damaged");
+                    report.damaged.push(expected)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(report)
     }
 
     /// Uploads local blobs the object store does not hold yet (a publish, before its row).

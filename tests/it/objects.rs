@@ -126,11 +126,25 @@ async fn a_damaged_object_is_never_served() {
         "nothing of it kept: {:?}",
         server.blob_dir_entries()
     );
+    // verify re-hashes the bucket's copies and names the damaged one.
+    let report = server.post_json("/api/v1/blobs/verify").await;
+    assert_eq!(
+        report["damaged_objects"],
+        serde_json::json!([digest]),
+        "{report}"
+    );
+    assert_eq!(report["missing"], serde_json::json!([]), "{report}");
     // Repaired in the bucket: served again.
     std::fs::write(&object, &kernel).unwrap();
     let r = get_blob(&server, &digest).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.bytes().await.unwrap().as_ref(), kernel.as_slice());
+    let report = server.post_json("/api/v1/blobs/verify").await;
+    assert_eq!(report["damaged_objects"], serde_json::json!([]), "{report}");
+    // An object gone from the bucket is named missing, though the cache holds it.
+    std::fs::remove_file(&object).unwrap();
+    let report = server.post_json("/api/v1/blobs/verify").await;
+    assert_eq!(report["missing"], serde_json::json!([digest]), "{report}");
     server.stop().await;
 }
 

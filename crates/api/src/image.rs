@@ -114,8 +114,13 @@ pub struct VerifyReport {
     pub bytes: u64,
     /// Blobs whose content no longer matches their name; now quarantined.
     pub quarantined: Vec<Digest>,
-    /// Blobs an image needs that the store does not have (or that were quarantined).
+    /// Blobs an image needs that the store does not have (or that were quarantined);
+    /// with an object store, those missing from it.
     pub missing: Vec<Digest>,
+    /// With an object store: objects whose bytes no longer hash to their name (never
+    /// served; replace them by publishing the image again).
+    #[serde(default)]
+    pub damaged_objects: Vec<Digest>,
 }
 
 /// `POST /api/v1/blobs/gc`.
