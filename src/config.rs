@@ -124,6 +124,11 @@ pub struct DhcpFileConfig {
     pub dns: Vec<std::net::Ipv4Addr>,
     /// Authoritative mode: `[dhcp.pool]` start, end, reservations, lease_secs.
     pub pool: Option<crate::dhcp::leases::PoolConfig>,
+    /// Authoritative mode: `[[dhcp.subnet]]`, a pool per boot segment behind a DHCP
+    /// relay (relay = "10.40.0.0/24", [dhcp.subnet.pool], router, subnet_mask, dns),
+    /// chosen by the relay address of each request.
+    #[serde(default)]
+    pub subnet: Vec<crate::dhcp::pools::SubnetConfig>,
     /// `[dhcp.files]`: boot file names per client class.
     #[serde(default)]
     pub files: crate::dhcp::decide::BootFiles,

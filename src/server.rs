@@ -209,7 +209,6 @@ pub async fn start_dhcp(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     use crate::dhcp::decide::{Mode, Port, Settings};
-    use crate::dhcp::directory::LeaseJournal as _;
     use crate::dhcp::server::{DhcpServer, bind};
     use std::net::{Ipv4Addr, SocketAddrV4};
     let d = &cfg.dhcp;
@@ -221,16 +220,6 @@ pub async fn start_dhcp(
         .server_ip
         .context("[dhcp] server_ip is required: our address on the boot segment")?;
     let journal = std::sync::Arc::new(StoreLeases(server.store.clone()));
-    let leases = match (mode, &d.pool) {
-        (Mode::Authoritative, Some(pool)) => {
-            let mut leases = crate::dhcp::leases::Leases::new(pool)
-                .map_err(|e| anyhow::anyhow!("[dhcp.pool] {e}"))?;
-            leases.load(journal.load().await.map_err(anyhow::Error::msg)?);
-            Some(std::sync::Mutex::new(leases))
-        }
-        (Mode::Authoritative, None) => anyhow::bail!("[dhcp] mode authoritative needs [dhcp.pool]"),
-        _ => None,
-    };
     let settings = Settings {
         mode,
         server_ip,
@@ -243,6 +232,7 @@ pub async fn start_dhcp(
         router: d.router,
         dns: d.dns.clone(),
     };
+    let pools = dhcp_pools(mode, d, &settings, journal.as_ref()).await?;
     match server.store.warm_node_cache().await {
         Ok(n) => tracing::info!(nodes = n, "DHCP node cache warmed"),
         Err(e) => {
@@ -251,7 +241,7 @@ pub async fn start_dhcp(
     }
     let server = std::sync::Arc::new(DhcpServer {
         settings,
-        leases,
+        pools,
         directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
             store: server.store.clone(),
             controller: server.http.nodes.controller.clone(),
@@ -285,6 +275,41 @@ pub async fn start_dhcp(
     }
     tasks.push(tokio::spawn(server.persist(shutdown)));
     Ok(tasks)
+}
+
+/// Authoritative mode's pools: `[dhcp.pool]` for our own segment, one per
+/// `[[dhcp.subnet]]` behind a relay, each holding its leases from the journal.
+async fn dhcp_pools(
+    mode: crate::dhcp::decide::Mode,
+    d: &crate::config::DhcpFileConfig,
+    settings: &crate::dhcp::decide::Settings,
+    journal: &StoreLeases,
+) -> anyhow::Result<Vec<crate::dhcp::pools::Pool>> {
+    use crate::dhcp::directory::LeaseJournal as _;
+    use crate::dhcp::pools::Pool;
+    if mode != crate::dhcp::decide::Mode::Authoritative {
+        return Ok(Vec::new());
+    }
+    if d.pool.is_none() && d.subnet.is_empty() {
+        anyhow::bail!("[dhcp] mode authoritative needs [dhcp.pool] or [[dhcp.subnet]]");
+    }
+    let saved = journal.load().await.map_err(anyhow::Error::msg)?;
+    let mut pools = Vec::new();
+    if let Some(pool) = &d.pool {
+        let leases = crate::dhcp::leases::Leases::new(pool)
+            .map_err(|e| anyhow::anyhow!("[dhcp.pool] {e}"))?;
+        pools.push(Pool::local(leases, settings.clone()));
+    }
+    for subnet in &d.subnet {
+        pools.push(Pool::relayed(subnet, settings).map_err(anyhow::Error::msg)?);
+    }
+    for pool in &pools {
+        pool.leases
+            .lock()
+            .expect("not poisoned")
+            .load(saved.iter().copied());
+    }
+    Ok(pools)
 }
 
 /// DHCP's lease journal over the store (bound leases only; offers live in memory).

@@ -99,9 +99,14 @@ impl Leases {
         (self.lease_ms / 1000) as u32
     }
 
-    /// Restores persisted leases (at start).
+    /// Restores persisted leases (at start): those of this pool (its range or its
+    /// reservations); the store holds every pool's.
     pub fn load(&mut self, leases: impl IntoIterator<Item = Lease>) {
         for l in leases {
+            let ip = u32::from(l.ip);
+            if !(self.start..=self.end).contains(&ip) && !self.reserved_ips.contains(&l.ip) {
+                continue;
+            }
             self.by_ip.insert(l.ip, l.mac);
             self.by_mac.insert(l.mac, l);
         }

@@ -1,6 +1,6 @@
 //! DHCPv4: proxyDHCP (boot information next to the site's DHCP) and authoritative mode
-//! (pool, reservations, leases). `wire` checks untrusted bytes, `classify` names the
-//! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps the pool
+//! (pools, reservations, leases; a pool per relayed segment in `pools`). `wire` checks untrusted bytes, `classify` names the
+//! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps a pool
 //! (pure), `reply` encodes, `directory` is what DHCP asks of the node service (traits),
 //! `server` moves datagrams and persists leases in batches.
 
@@ -10,6 +10,7 @@ pub mod decide;
 pub mod directory;
 pub mod leases;
 pub mod metrics;
+pub mod pools;
 pub mod reply;
 pub mod server;
 pub mod wire;

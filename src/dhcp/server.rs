@@ -13,8 +13,8 @@ use super::chain::{Chain, ChainMemory, ChainPolicy};
 use super::classify::{BootClass, classify};
 use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
 use super::directory::{LeaseJournal, NodeDirectory};
-use super::leases::Leases;
 use super::metrics::DhcpMetrics;
+use super::pools::{Pool, choose};
 use super::reply::{encode, relay_info};
 use super::wire::{Checked, MAX_PACKET, check};
 use crate::api::Mac;
@@ -29,7 +29,8 @@ pub const SERVER_PORT: u16 = 67;
 
 pub struct DhcpServer {
     pub settings: Settings,
-    pub leases: Option<Mutex<Leases>>,
+    /// Authoritative mode's pools (`pools`); empty in proxy mode.
+    pub pools: Vec<Pool>,
     /// What is known of each node (the node service).
     pub directory: Arc<dyn NodeDirectory>,
     /// Where bound leases are saved.
@@ -116,16 +117,33 @@ impl DhcpServer {
                 req.xid,
                 crate::clock::now_ms(),
             ) == Chain::Binary;
+        let pool = match (self.pools.is_empty(), choose(&self.pools, req.giaddr)) {
+            (true, _) => None,
+            (false, Some(pool)) => Some(pool),
+            (false, None) => {
+                self.metrics.count("ignored.no_pool_for_segment");
+                return None;
+            }
+        };
+        let relayed;
+        let settings = match pool {
+            Some(p) if p.router_is_relay => {
+                relayed = Settings {
+                    router: Some(req.giaddr),
+                    ..p.settings.clone()
+                };
+                &relayed
+            }
+            Some(p) => &p.settings,
+            None => &self.settings,
+        };
         let decision = {
-            let mut leases = self
-                .leases
-                .as_ref()
-                .map(|l| l.lock().expect("not poisoned"));
+            let mut leases = pool.map(|p| p.leases.lock().expect("not poisoned"));
             decide(
                 &req,
                 &client,
                 &node,
-                &self.settings,
+                settings,
                 leases.as_deref_mut(),
                 port,
                 crate::clock::now_ms(),
@@ -219,17 +237,21 @@ impl DhcpServer {
 
     /// Saves lease changes every `FLUSH_EVERY`, and once more at `stop`.
     pub async fn persist(self: Arc<Self>, stop: CancellationToken) {
-        let Some(leases) = &self.leases else { return };
+        if self.pools.is_empty() {
+            return;
+        }
         loop {
             let stopping = tokio::select! {
                 () = tokio::time::sleep(FLUSH_EVERY) => false,
                 () = stop.cancelled() => true,
             };
-            let (keep, gone) = leases.lock().expect("not poisoned").take_changes();
-            if let Err(e) = self.journal.save(&keep, &gone).await {
-                tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
-                let macs = keep.iter().map(|l| l.mac).chain(gone);
-                leases.lock().expect("not poisoned").requeue(macs);
+            for pool in &self.pools {
+                let (keep, gone) = pool.leases.lock().expect("not poisoned").take_changes();
+                if let Err(e) = self.journal.save(&keep, &gone).await {
+                    tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
+                    let macs = keep.iter().map(|l| l.mac).chain(gone);
+                    pool.leases.lock().expect("not poisoned").requeue(macs);
+                }
             }
             if stopping {
                 return;

@@ -531,3 +531,98 @@ async fn leases_survive_a_restart() {
     );
     store.close().await;
 }
+
+/// Two boot segments behind Debian's `isc-dhcp-relay` (dhcrelay), each in namespaces of
+/// its own: one server gives each segment's client an address from that segment's pool
+/// (`[[dhcp.subnet]]`, chosen by the relay address), with the relay as its router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_segments_get_addresses_from_their_own_pools() {
+    require(&[
+        ("ip", "iproute2"),
+        ("busybox", "busybox-static"),
+        ("dhcrelay", "isc-dhcp-relay"),
+    ]);
+    let mut lab = Lab::new();
+    let n = lab.n;
+    let mut settings = lab.settings(Mode::Authoritative);
+    let segment = |x: u32| format!("10.{}.{n}", 40 + x);
+    for x in 0..2 {
+        settings.subnet.push(bootfleet::dhcp::pools::SubnetConfig {
+            relay: format!("{}.0/24", segment(x)),
+            pool: PoolConfig {
+                start: format!("{}.100", segment(x)).parse().unwrap(),
+                end: format!("{}.150", segment(x)).parse().unwrap(),
+                reservations: Default::default(),
+                lease_secs: 600,
+            },
+            subnet_mask: None,
+            router: None,
+            dns: vec![],
+        });
+    }
+    let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut clients = Vec::new();
+    for x in 0..2u32 {
+        // relay: eth0 on our segment; its downstream link to the segment's client.
+        // Roles differ in their first letter: it names the veth.
+        let relay = lab.host(["p", "q"][x as usize], Some(10 + x as u8));
+        let client = format!("bf{n}c{x}");
+        let down = format!("bfd{n}{x}");
+        sh(&format!(
+            "ip netns del {client} 2>/dev/null; ip netns add {client} && \
+             ip link add {down} netns {relay} type veth peer name eth0 netns {client} && \
+             ip -n {relay} addr add {seg}.1/24 dev {down} && ip -n {relay} link set {down} up && \
+             ip -n {client} link set lo up && ip -n {client} link set eth0 up && \
+             ip route add {seg}.0/24 via 10.77.{n}.{hop}",
+            seg = segment(x),
+            hop = 10 + x
+        ));
+        lab.namespaces.push(client.clone());
+        lab.spawn(
+            &relay,
+            &format!("exec dhcrelay -4 -d -id {down} -iu eth0 10.77.{n}.1"),
+        );
+        clients.push(client);
+    }
+    // Each client asks once; the script writes what it was given.
+    let results: Vec<String> = clients
+        .iter()
+        .enumerate()
+        .map(|(x, client)| {
+            let out = work.path().join(format!("lease{x}"));
+            let script = work.path().join(format!("udhcpc{x}.sh"));
+            std::fs::write(
+                &script,
+                format!(
+                    "#!/bin/sh\n[ \"$1\" = bound ] && echo \"$ip $router $subnet\" > {}\nexit 0\n",
+                    out.display()
+                ),
+            )
+            .unwrap();
+            sh(&format!("chmod +x {}", script.display()));
+            let got = tokio::task::block_in_place(|| {
+                sh(&format!(
+                    "ip netns exec {client} busybox udhcpc -f -q -n -i eth0 -t 10 -T 1 -s {} 2>&1 || true",
+                    script.display()
+                ))
+            });
+            std::fs::read_to_string(&out)
+                .unwrap_or_else(|_| panic!("segment {x} got no lease: {got}"))
+        })
+        .collect();
+    for (x, got) in results.iter().enumerate() {
+        let fields: Vec<&str> = got.split_whitespace().collect();
+        let seg = segment(x as u32);
+        assert_eq!(fields.len(), 3, "{got}");
+        let last: u8 = fields[0]
+            .strip_prefix(&format!("{seg}."))
+            .unwrap_or_else(|| panic!("segment {x} got {got}, not an address of {seg}.0/24"))
+            .parse()
+            .unwrap();
+        assert!((100..=150).contains(&last), "{got}");
+        assert_eq!(fields[1], format!("{seg}.1"), "the relay is the router");
+        assert_eq!(fields[2], "255.255.255.0");
+    }
+    server.stop().await;
+}
