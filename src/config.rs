@@ -166,6 +166,7 @@ pub struct Overrides {
     pub ipxe_dir: Option<PathBuf>,
     pub templates_dir: Option<PathBuf>,
     pub dhcp_mode: Option<crate::dhcp::decide::Mode>,
+    pub dhcp_server_ip: Option<std::net::Ipv4Addr>,
     pub store_url: Option<String>,
 }
 
@@ -252,6 +253,7 @@ impl ServerConfig {
             },
             dhcp: crate::config::DhcpFileConfig {
                 mode: over.dhcp_mode.or(file.dhcp.mode),
+                server_ip: over.dhcp_server_ip.or(file.dhcp.server_ip),
                 ..file.dhcp
             },
             tftp: {

@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// authoritative (a pool from [dhcp.pool]) [default: off]. See [dhcp] in the config.
     #[arg(long, env = "BOOTFLEET_DHCP", value_enum)]
     pub dhcp: Option<crate::dhcp::decide::Mode>,
+    /// Our address on the boot segment ([dhcp] server_ip): per machine, where one
+    /// settings file serves several servers.
+    #[arg(long, env = "BOOTFLEET_DHCP_SERVER_IP")]
+    pub dhcp_server_ip: Option<std::net::Ipv4Addr>,
     /// Store: sqlite://PATH or postgres://USER@HOST/DB; servers sharing one PostgreSQL
     /// database share one state [default: sqlite in the data directory]. Put a password
     /// in [store] password_file, not here (flags show in the process list).
@@ -62,6 +66,7 @@ pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<(
             ipxe_dir: args.ipxe_dir,
             templates_dir: args.templates_dir,
             dhcp_mode: args.dhcp,
+            dhcp_server_ip: args.dhcp_server_ip,
             store_url: args.store_url,
         },
     );

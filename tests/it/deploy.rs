@@ -195,7 +195,7 @@ fn the_kubernetes_manifest_is_a_host_network_daemonset_with_probes() {
 }
 
 /// The ConfigMap's bootfleet.toml parses as a server config on PostgreSQL, S3 and
-/// proxyDHCP, and the server_ip the init container appends lands in [dhcp].
+/// proxyDHCP, and the per-node server_ip comes from the environment.
 #[test]
 fn the_kubernetes_config_map_is_a_valid_server_config() {
     let docs = manifest();
@@ -240,19 +240,21 @@ fn the_kubernetes_config_map_is_a_valid_server_config() {
             file.display()
         );
     }
-    // server_ip (required for proxy mode) is appended per node: it must land in [dhcp].
-    let init = &only(&docs, "DaemonSet")["spec"]["template"]["spec"]["initContainers"];
-    let script = strings(&init[0]["command"]).join(" ");
-    assert!(
-        script.contains("server_ip = ") && script.contains(">>"),
-        "the init container appends server_ip: {script}"
-    );
-    let rendered = format!("{text}server_ip = \"10.0.0.1\"\n");
-    let cfg = bootfleet::config::FileConfig::parse(&rendered, path)
-        .unwrap_or_else(|e| panic!("with server_ip appended: {e}"));
+    // server_ip (required for proxy mode) is per node: the server's environment sets it.
+    let server = &only(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let env = server["env"].as_array().cloned().unwrap_or_default();
+    let server_ip = env
+        .iter()
+        .find(|e| e["name"] == "BOOTFLEET_DHCP_SERVER_IP")
+        .unwrap_or_else(|| panic!("BOOTFLEET_DHCP_SERVER_IP is not set: {env:?}"));
     assert_eq!(
-        cfg.dhcp.server_ip,
-        Some("10.0.0.1".parse().unwrap()),
-        "[dhcp] is the ConfigMap's last table"
+        server_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP",
+        "{server_ip}"
     );
+    let over = bootfleet::config::Overrides {
+        dhcp_server_ip: Some("10.0.0.1".parse().unwrap()),
+        ..Default::default()
+    };
+    let resolved = bootfleet::config::ServerConfig::resolve(cfg, over);
+    assert_eq!(resolved.dhcp.server_ip, Some("10.0.0.1".parse().unwrap()));
 }
