@@ -293,6 +293,7 @@ async fn dhcp_pools(
     if d.pool.is_none() && d.subnet.is_empty() {
         anyhow::bail!("[dhcp] mode authoritative needs [dhcp.pool] or [[dhcp.subnet]]");
     }
+    crate::dhcp::pools::check_disjoint(d.pool.as_ref(), &d.subnet).map_err(anyhow::Error::msg)?;
     let saved = journal.load().await.map_err(anyhow::Error::msg)?;
     let mut pools = Vec::new();
     if let Some(pool) = &d.pool {

@@ -123,6 +123,38 @@ impl Pool {
     }
 }
 
+/// Refuses pools whose ranges overlap, or relayed segments that overlap: both would
+/// load the same saved lease and could give one address to two clients.
+pub fn check_disjoint(local: Option<&PoolConfig>, subnets: &[SubnetConfig]) -> Result<(), String> {
+    let mut ranges: Vec<(u32, u32, String)> = Vec::new();
+    if let Some(p) = local {
+        ranges.push((p.start.into(), p.end.into(), "[dhcp.pool]".into()));
+    }
+    for s in subnets {
+        let name = format!("[[dhcp.subnet]] {}", s.relay);
+        ranges.push((s.pool.start.into(), s.pool.end.into(), name));
+    }
+    for (i, a) in ranges.iter().enumerate() {
+        for b in &ranges[i + 1..] {
+            if a.0 <= b.1 && b.0 <= a.1 {
+                return Err(format!("the pools of {} and {} overlap", a.2, b.2));
+            }
+        }
+    }
+    let nets: Vec<Net> = subnets
+        .iter()
+        .map(|s| Net::parse(&s.relay))
+        .collect::<Result<_, _>>()?;
+    for (i, a) in nets.iter().enumerate() {
+        for b in &nets[i + 1..] {
+            if a.contains(Ipv4Addr::from(b.base)) || b.contains(Ipv4Addr::from(a.base)) {
+                return Err(format!("[[dhcp.subnet]] segments {a} and {b} overlap"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The pool a request belongs to: the relayed segment its relay address is in; else the
 /// local pool, when the request was not relayed, or was relayed from inside our own
 /// segment (perfdhcp does), or no relayed segment is configured at all. None: no pool
@@ -172,5 +204,39 @@ mod tests {
         );
         assert!(Net::parse("10.40.0.0/33").is_err());
         assert!(Net::parse("10.40.0.0").is_err());
+    }
+
+    fn subnet(relay: &str, start: &str, end: &str) -> SubnetConfig {
+        SubnetConfig {
+            relay: relay.into(),
+            pool: PoolConfig {
+                start: start.parse().unwrap(),
+                end: end.parse().unwrap(),
+                reservations: Default::default(),
+                lease_secs: 600,
+            },
+            subnet_mask: None,
+            router: None,
+            dns: vec![],
+        }
+    }
+
+    #[test]
+    fn overlapping_pools_and_segments_are_refused() {
+        let a = subnet("10.40.0.0/24", "10.40.0.100", "10.40.0.150");
+        let b = subnet("10.41.0.0/24", "10.41.0.100", "10.41.0.150");
+        assert_eq!(check_disjoint(None, &[a.clone(), b.clone()]), Ok(()));
+        let wide = subnet("10.40.0.0/16", "10.40.1.100", "10.40.1.150");
+        assert!(
+            check_disjoint(None, &[a.clone(), wide])
+                .unwrap_err()
+                .contains("segments")
+        );
+        let local = a.pool.clone();
+        assert!(
+            check_disjoint(Some(&local), &[a])
+                .unwrap_err()
+                .contains("pools")
+        );
     }
 }

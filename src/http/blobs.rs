@@ -21,6 +21,28 @@ pub struct BlobQuery {
     boot: Option<String>,
 }
 
+/// The blob's file, mapped (None when empty), and its length.
+async fn open(
+    state: &AppState,
+    digest: Digest,
+) -> Result<std::io::Result<(Option<super::blob_maps::Mapped>, u64)>, ApiError> {
+    let path = state.registry.blobs.path_of(&digest);
+    let maps = state.blob_maps.clone();
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        // An empty file cannot be mapped, and has nothing to send.
+        let mapped = if len > 0 {
+            Some(maps.map(&digest, &file, len)?)
+        } else {
+            None
+        };
+        Ok((mapped, len))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
 pub async fn get_blob(
     State(state): State<AppState>,
     Path(hex_digits): Path<String>,
@@ -33,21 +55,14 @@ pub async fn get_blob(
     if !state.registry.local_blob(&digest).await? {
         return Err(ApiError::NotFound(format!("no blob {digest}")));
     }
-    let path = state.registry.blobs.path_of(&digest);
-    let maps = state.blob_maps.clone();
-    let opened = tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len();
-        // An empty file cannot be mapped, and has nothing to send.
-        let mapped = if len > 0 {
-            Some(maps.map(&digest, &file, len)?)
-        } else {
-            None
-        };
-        Ok::<_, std::io::Error>((mapped, len))
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut opened = open(&state, digest).await?;
+    // Evicted from the cache (or collected) between the fill and the open: fill again.
+    if matches!(&opened, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        && state.registry.shared.is_some()
+        && state.registry.local_blob(&digest).await?
+    {
+        opened = open(&state, digest).await?;
+    }
     let (mapped, len) = match opened {
         Ok(v) => v,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

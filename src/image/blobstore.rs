@@ -152,7 +152,11 @@ impl BlobStore {
             if digest == *keep {
                 continue;
             }
-            fs::remove_file(self.path_of(&digest))?;
+            // Another fill may have evicted it first.
+            match fs::remove_file(self.path_of(&digest)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
             total -= len;
             evicted += len;
         }

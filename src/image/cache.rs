@@ -8,6 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use futures_util::FutureExt as _;
+use futures_util::future::{BoxFuture, Shared};
+
 use super::blobstore::BlobStore;
 use super::objects::{ObjectError, Objects};
 use crate::api::Digest;
@@ -25,8 +28,42 @@ pub struct SharedBlobs {
     pub objects: Objects,
     local: Arc<BlobStore>,
     max_bytes: Option<u64>,
-    /// One lock per blob being filled: the first request fills, the others wait on it.
-    fills: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// The fill in progress per blob: a task of its own (a requester that goes away does
+    /// not abort it), whose one result every requester that came meanwhile receives.
+    fills: Mutex<HashMap<Digest, Fill>>,
+}
+
+type Fill = Shared<BoxFuture<'static, Result<(), FillFailure>>>;
+
+/// `ObjectError`, as every waiter of one fill receives it.
+#[derive(Debug, Clone)]
+enum FillFailure {
+    Missing(Digest),
+    Damaged { expected: Digest, actual: Digest },
+    Unreachable(String),
+    Local(String),
+}
+
+impl From<ObjectError> for FillFailure {
+    fn from(e: ObjectError) -> Self {
+        match e {
+            ObjectError::Missing(d) => Self::Missing(d),
+            ObjectError::Damaged { expected, actual } => Self::Damaged { expected, actual },
+            ObjectError::Unreachable(m) => Self::Unreachable(m),
+            e => Self::Local(e.to_string()),
+        }
+    }
+}
+
+impl From<FillFailure> for ObjectError {
+    fn from(f: FillFailure) -> Self {
+        match f {
+            FillFailure::Missing(d) => Self::Missing(d),
+            FillFailure::Damaged { expected, actual } => Self::Damaged { expected, actual },
+            FillFailure::Unreachable(m) => Self::Unreachable(m),
+            FillFailure::Local(m) => Self::Io(std::io::Error::other(m)),
+        }
+    }
 }
 
 impl SharedBlobs {
@@ -40,27 +77,37 @@ impl SharedBlobs {
     }
 
     /// Makes `digest` present locally, filling it from the object store if it is not.
-    pub async fn ensure_local(&self, digest: &Digest) -> Result<(), ObjectError> {
+    pub async fn ensure_local(self: &Arc<Self>, digest: &Digest) -> Result<(), ObjectError> {
         if self.local.contains(digest) {
             return Ok(());
         }
-        let lock = self
-            .fills
-            .lock()
-            .expect("not poisoned")
-            .entry(*digest)
-            .or_default()
-            .clone();
-        let result = {
-            let _filling = lock.lock().await;
-            if self.local.contains(digest) {
-                Ok(())
-            } else {
-                self.fill(digest).await
-            }
+        let fill = {
+            let mut fills = self.fills.lock().expect("not poisoned");
+            fills
+                .entry(*digest)
+                .or_insert_with(|| {
+                    let (this, d) = (self.clone(), *digest);
+                    let task = tokio::spawn(async move {
+                        let result = if this.local.contains(&d) {
+                            Ok(())
+                        } else {
+                            this.fill(&d).await.map_err(FillFailure::from)
+                        };
+                        // Only this task removes its entry: the next request after a
+                        // failure starts a new fill.
+                        this.fills.lock().expect("not poisoned").remove(&d);
+                        result
+                    });
+                    async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(FillFailure::Local(e.to_string())))
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
         };
-        self.fills.lock().expect("not poisoned").remove(digest);
-        result
+        fill.await.map_err(ObjectError::from)
     }
 
     async fn fill(&self, digest: &Digest) -> Result<(), ObjectError> {

@@ -59,9 +59,16 @@ fn unreachable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            c.starts_with("08") || c.starts_with("53") || c.starts_with("57") || c == "55000"
-        }),
+        // SQLSTATEs are PostgreSQL's; SQLite's numeric codes mean other things.
+        sqlx::Error::Database(db)
+            if db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some() =>
+        {
+            db.code().is_some_and(|c| {
+                c.starts_with("08") || c.starts_with("53") || c.starts_with("57") || c == "55000"
+            })
+        }
         _ => false,
     }
 }

@@ -109,7 +109,7 @@ impl ImageStore for PgStore {
     }
     async fn list_images(&self) -> Result<Vec<Image>, StoreError> {
         let rows: Vec<rows::ImageRow> = sqlx::query_as(
-            "SELECT digest, name, version, created_at_ms FROM images ORDER BY name, created_at_ms, version",
+            "SELECT digest, name, version, created_at_ms FROM images ORDER BY name COLLATE \"C\", created_at_ms, version COLLATE \"C\"",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -194,7 +194,7 @@ impl ImageStore for PgStore {
     }
     async fn list_tags(&self) -> Result<Vec<Tag>, StoreError> {
         let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name, tag",
+            "SELECT name, tag, image_digest, updated_at_ms FROM tags ORDER BY name COLLATE \"C\", tag COLLATE \"C\"",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -248,11 +248,12 @@ impl PgStore {
         .bind(&row.0)
         .fetch_all(&self.pool)
         .await?;
-        let tags: Vec<(String, String)> =
-            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = $1 ORDER BY tag")
-                .bind(&row.0)
-                .fetch_all(&self.pool)
-                .await?;
+        let tags: Vec<(String, String)> = sqlx::query_as(
+            "SELECT name, tag FROM tags WHERE image_digest = $1 ORDER BY tag COLLATE \"C\"",
+        )
+        .bind(&row.0)
+        .fetch_all(&self.pool)
+        .await?;
         rows::image(row, artifacts, tags)
     }
 }

@@ -62,6 +62,14 @@ impl PgStore {
         if let Some(password) = password {
             options = options.password(password);
         }
+        // A server cut off mid-transaction must not hold a row or an advisory lock (the
+        // event lock stalls every server's state changes) until TCP gives up: the
+        // database ends such sessions itself.
+        options = options.options([
+            ("idle_in_transaction_session_timeout", "15s"),
+            ("lock_timeout", "30s"),
+            ("statement_timeout", "60s"),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             // A request waits this long for a connection before it fails with 503: a

@@ -137,7 +137,7 @@ impl NodeStore for PgStore {
         Ok(n.max(0) as usize)
     }
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac"))
+        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("ORDER BY mac COLLATE \"C\""))
             .fetch_all(&self.pool)
             .await?;
         rows::nodes(rows)
