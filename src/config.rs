@@ -52,6 +52,9 @@ pub struct FileConfig {
     /// `[blobs]`: the shared object store, when blobs are kept on S3.
     #[serde(default)]
     pub blobs: crate::image::objects::ObjectsConfig,
+    /// `[http]`: connection caps and timeouts.
+    #[serde(default)]
+    pub http: crate::http::serve::HttpSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -188,6 +191,7 @@ pub struct ServerConfig {
     pub dhcp: DhcpFileConfig,
     pub store: StoreConfig,
     pub blobs: crate::image::objects::ObjectsConfig,
+    pub http: crate::http::serve::HttpSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +251,7 @@ impl ServerConfig {
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,
             blobs: file.blobs,
+            http: file.http,
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),
                 ..file.store

@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,6 +27,8 @@ pub struct Server {
     /// Checked at start; each runs as a task of its own.
     pub webhooks: Vec<crate::events::webhook::Webhook>,
     pub policy: crate::node::policy::LifecyclePolicy,
+    /// Connection caps and timeouts.
+    pub http_settings: crate::http::serve::HttpSettings,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -95,6 +96,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         blobs,
         webhooks,
         policy: cfg.lifecycle.clone(),
+        http_settings: cfg.http.clone(),
     })
 }
 
@@ -135,21 +137,25 @@ pub async fn run(
         state.stopping.clone(),
     ));
     let app = router(state.clone());
+    // Event streams end when the server starts stopping; they would hold connections.
     let stopping = state.stopping.clone();
-    let shutdown = async move {
+    let http_shutdown = CancellationToken::new();
+    let stop = http_shutdown.clone();
+    tokio::spawn(async move {
         shutdown.cancelled().await;
         stopping.cancel();
-    };
-    let listener = listener.tap_io(|tcp| {
-        // Small responses (scripts, API) must not wait on Nagle.
-        let _ = tcp.set_nodelay(true);
+        stop.cancel();
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("HTTP server failed")?;
+    crate::http::serve::serve(listener, app, &server.http_settings, http_shutdown).await;
     state.tasks.close();
-    state.tasks.wait().await;
+    // A publish still uploading is abandoned at the deadline: it writes to a temporary
+    // file and renames, so nothing half-written is left behind.
+    if tokio::time::timeout(server.http_settings.shutdown_grace(), state.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("owned tasks still running after the shutdown grace: abandoning them");
+    }
     server.store.close().await;
     tracing::info!("shut down cleanly");
     Ok(())

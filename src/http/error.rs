@@ -56,6 +56,23 @@ impl From<RegistryError> for ApiError {
     }
 }
 
+/// The most of an error's text that goes into a response or a log line. Errors can quote
+/// what a client sent (a bundle's entry name, a parse error's context); a client must
+/// not be able to make either as large as it likes.
+pub const ERROR_TEXT_LIMIT: usize = 2048;
+
+fn capped(mut text: String) -> String {
+    if text.len() > ERROR_TEXT_LIMIT {
+        let mut end = ERROR_TEXT_LIMIT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("... (cut)");
+    }
+    text
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self {
@@ -73,18 +90,13 @@ impl IntoResponse for ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
+        let error = capped(self.to_string());
         if status.is_server_error() {
-            tracing::error!(error = %self, "request failed");
+            tracing::error!(error, "request failed");
         } else {
-            tracing::info!(status = status.as_u16(), error = %self, "request refused");
+            tracing::info!(status = status.as_u16(), error, "request refused");
         }
-        let mut response = (
-            status,
-            Json(crate::api::ErrorBody {
-                error: self.to_string(),
-            }),
-        )
-            .into_response();
+        let mut response = (status, Json(crate::api::ErrorBody { error })).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()

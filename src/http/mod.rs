@@ -4,12 +4,14 @@
 mod auth;
 pub mod blob_maps;
 mod blobs;
+mod body;
 mod error;
 mod events;
 mod images;
 mod ipxe;
 mod nodes;
 pub mod range;
+pub mod serve;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -43,9 +45,19 @@ pub struct AppState {
     pub blob_maps: std::sync::Arc<blob_maps::BlobMaps>,
 }
 
+/// The most an admin JSON body may be (bundles have their own limits): a label request
+/// or a reimage reason is a few hundred bytes.
+pub const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
+
 pub fn router(state: AppState) -> Router {
     let admin = Router::new()
-        .route("/images", post(images::publish).get(images::list))
+        // Bundle size is bounded per entry by `[limits]`, not by a body cap.
+        .route(
+            "/images",
+            post(images::publish)
+                .layer(DefaultBodyLimit::disable())
+                .get(images::list),
+        )
         .route("/images/{reference}", get(images::show))
         .route("/tags", get(images::list_tags))
         .route("/tags/{name}/{tag}", put(images::put_tag))
@@ -60,8 +72,7 @@ pub fn router(state: AppState) -> Router {
         .route("/nodes/{mac}/revalidate", post(nodes::revalidate))
         .route("/events", get(events::list))
         .route("/events/stream", get(events::stream))
-        // Bundle size is bounded per entry by `[limits]`, not by a body cap.
-        .layer(DefaultBodyLimit::disable())
+        .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_admin,

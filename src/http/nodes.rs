@@ -64,16 +64,27 @@ pub async fn node_script(
         .ok_or_else(|| ApiError::BadRequest("mac is required (?mac=aa-bb-cc-dd-ee-ff)".into()))?
         .parse()
         .map_err(|e: crate::api::MacError| ApiError::BadRequest(e.to_string()))?;
-    // iPXE sends an empty or all-zero UUID when the firmware has none.
-    let uuid = q.uuid.filter(|u| {
-        !u.is_empty() && u.len() <= 64 && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')
-    });
+    // iPXE sends an empty or all-zero UUID when the firmware has none; anything but the
+    // 8-4-4-4-12 hex form is not a UUID either.
+    let uuid = q
+        .uuid
+        .filter(|u| is_uuid(u) && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0'))
+        .map(|u| u.to_ascii_lowercase());
     let text = state
         .nodes
         .node_script(&server_url(&headers, &state), &mac, uuid.as_deref())
         .await
         .map_err(internal)?;
     Ok(script(text))
+}
+
+/// The 8-4-4-4-12 hex form firmware reports (SMBIOS system UUID).
+fn is_uuid(u: &str) -> bool {
+    u.len() == 36
+        && u.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
 }
 
 fn parse_mac(s: &str) -> Result<Mac, ApiError> {
@@ -135,29 +146,42 @@ pub async fn label(
 pub async fn attest(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Json<crate::api::agent::Verdict>, ApiError> {
-    let (token, req) =
-        agent_request::<crate::api::agent::AttestRequest>(&headers, &body, "attestation report")?;
+    let (caller, req) = agent_request::<crate::api::agent::AttestRequest>(
+        &state,
+        &headers,
+        body,
+        "attestation report",
+    )
+    .await?;
     state
         .nodes
-        .attest(token, &req)
+        .attest(&caller, &req)
         .await
         .map(Json)
         .map_err(agent_error)
 }
 
-/// An agent call's boot token and body. The token first: an unauthenticated caller
-/// learns nothing, not even parse errors.
-fn agent_request<'h, R: serde::de::DeserializeOwned>(
-    headers: &'h HeaderMap,
-    body: &[u8],
+/// The most an agent call's body may be: a validation report of a few dozen GPUs is a
+/// few KiB. Bounds what any caller costs in memory, whatever it sends.
+pub const AGENT_BODY_LIMIT: usize = 256 * 1024;
+
+/// An agent call's caller and body. The token first, from the header alone: an
+/// unauthenticated caller gets nothing read of its body and learns nothing, not even
+/// parse errors.
+async fn agent_request<R: serde::de::DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
     what: &str,
-) -> Result<(&'h str, R), ApiError> {
+) -> Result<(crate::node::service::attest::Caller, R), ApiError> {
     let token = boot_token(headers)?;
+    let caller = state.nodes.caller(token).await.map_err(agent_error)?;
+    let bytes = super::body::read_limited(body, AGENT_BODY_LIMIT, what).await?;
     let req =
-        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("{what}: {e}")))?;
-    Ok((token, req))
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("{what}: {e}")))?;
+    Ok((caller, req))
 }
 
 fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
@@ -167,7 +191,6 @@ fn boot_token(headers: &HeaderMap) -> Result<&str, ApiError> {
 fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {
     use crate::node::service::attest::{AttestError, Refusal};
     match e {
-        AttestError::Refused(r @ Refusal::Replayed) => ApiError::Conflict(r.to_string()),
         AttestError::Refused(r @ Refusal::NotAttested) => ApiError::Conflict(r.to_string()),
         AttestError::Refused(r) => ApiError::Refused(r.to_string()),
         AttestError::NotNow(why) => ApiError::Conflict(why),
@@ -179,13 +202,14 @@ fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {
 pub async fn heartbeat(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Json<crate::api::agent::HeartbeatAnswer>, ApiError> {
-    let (token, req) =
-        agent_request::<crate::api::agent::HeartbeatRequest>(&headers, &body, "heartbeat")?;
+    let (caller, req) =
+        agent_request::<crate::api::agent::HeartbeatRequest>(&state, &headers, body, "heartbeat")
+            .await?;
     state
         .nodes
-        .heartbeat(token, &req)
+        .heartbeat(&caller, &req)
         .await
         .map(Json)
         .map_err(agent_error)
@@ -245,13 +269,18 @@ pub async fn revalidate(
 pub async fn validate(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Json<crate::api::agent::ValidationVerdict>, ApiError> {
-    let (token, req) =
-        agent_request::<crate::api::agent::ValidateRequest>(&headers, &body, "validation report")?;
+    let (caller, req) = agent_request::<crate::api::agent::ValidateRequest>(
+        &state,
+        &headers,
+        body,
+        "validation report",
+    )
+    .await?;
     state
         .nodes
-        .validate(token, &req)
+        .validate(&caller, &req)
         .await
         .map(Json)
         .map_err(agent_error)

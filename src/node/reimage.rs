@@ -10,7 +10,14 @@ use crate::api::refs::ImageRef;
 use crate::node::state::{NodeEvent, transition};
 use crate::registry::{Registry, RegistryError};
 use crate::store::StoreError;
-use crate::store::{NodeRecord, ReimageDecision, ReimageOutcome};
+use crate::store::{KeyClaim, NodeRecord, ReimageDecision, ReimageOutcome};
+
+/// How long a try waits for another try with its Idempotency-Key to answer, and how
+/// often it looks.
+const KEY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const KEY_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+/// A claimed key unanswered this long belongs to a server that died mid-request.
+const KEY_STALE_MS: i64 = 60_000;
 
 /// The disruption budget as a rule: a node may start reimaging if the state machine
 /// allows it, fewer than `max_total` nodes are reimaging, and fewer than `max_per_group`
@@ -110,17 +117,65 @@ impl ReimageService {
                 "a reimage needs a reason (1-1024 characters)".into(),
             ));
         }
-        let store = &self.registry.store;
-        if let Some(key) = key
-            && let Some((for_mac, body)) = store.idempotent_response(key).await?
-        {
-            if for_mac != mac.to_string() {
-                return Err(ReimageError::Conflict(format!(
-                    "Idempotency-Key {key:?} was used for node {for_mac}"
-                )));
-            }
-            return Ok(body);
+        if key.is_some_and(|k| k.is_empty() || k.len() > 255) {
+            return Err(ReimageError::BadRequest(
+                "an Idempotency-Key is 1-255 characters".into(),
+            ));
         }
+        let Some(key) = key else {
+            return self.decide_and_move(mac, reason, image).await;
+        };
+        let store = &self.registry.store;
+        if let Some(answer) = self.claim(key, mac).await? {
+            return Ok(answer);
+        }
+        let result = self.decide_and_move(mac, reason, image).await;
+        match &result {
+            Ok(body) => store.answer_idempotency_key(key, body).await?,
+            // Refused or failed: no answer to keep; the next try asks afresh.
+            Err(_) => store.release_idempotency_key(key).await?,
+        }
+        result
+    }
+
+    /// Claims `key` for this request: None when ours to go ahead, else the first try's
+    /// answer. A try that finds the key held by another in progress waits for its answer
+    /// (overlapping tries all get the first answer).
+    async fn claim(&self, key: &str, mac: &Mac) -> Result<Option<String>, ReimageError> {
+        let store = &self.registry.store;
+        let other_node = |for_mac: &str| {
+            ReimageError::Conflict(format!(
+                "Idempotency-Key {key:?} was used for node {for_mac}"
+            ))
+        };
+        let deadline = tokio::time::Instant::now() + KEY_WAIT;
+        loop {
+            match store.claim_idempotency_key(key, mac, KEY_STALE_MS).await? {
+                KeyClaim::Claimed => return Ok(None),
+                KeyClaim::Answered { mac: m, .. } | KeyClaim::InProgress { mac: m }
+                    if m != mac.to_string() =>
+                {
+                    return Err(other_node(&m));
+                }
+                KeyClaim::Answered { response, .. } => return Ok(Some(response)),
+                KeyClaim::InProgress { .. } if tokio::time::Instant::now() >= deadline => {
+                    return Err(ReimageError::Conflict(format!(
+                        "a request with Idempotency-Key {key:?} is still in progress; try again"
+                    )));
+                }
+                KeyClaim::InProgress { .. } => tokio::time::sleep(KEY_POLL).await,
+            }
+        }
+    }
+
+    /// The budget's decision and the move, in the store's transaction; the answer as JSON.
+    async fn decide_and_move(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        image: Option<&str>,
+    ) -> Result<String, ReimageError> {
+        let store = &self.registry.store;
         let image = match image {
             Some(r) => {
                 let r = ImageRef::parse(r).map_err(|e| ReimageError::BadRequest(e.to_string()))?;
@@ -171,9 +226,6 @@ impl ReimageService {
             node: node.into(),
         })
         .expect("serialises");
-        if let Some(key) = key {
-            store.save_idempotent_response(key, mac, &body).await?;
-        }
         Ok(body)
     }
 }

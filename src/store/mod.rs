@@ -235,6 +235,17 @@ pub enum ReimageDecision {
     NotAllowed(String),
 }
 
+/// Where an Idempotency-Key stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyClaim {
+    /// Ours: go ahead, then answer or release it.
+    Claimed,
+    /// Another try holds it and has not answered yet.
+    InProgress { mac: String },
+    /// Answered before: this is the answer.
+    Answered { mac: String, response: String },
+}
+
 /// The rule a reimage request obeys: given the node and every node reimaging now.
 pub type ReimageRule<'a> = dyn Fn(&NodeRecord, &[NodeRecord]) -> ReimageDecision + Send + Sync + 'a;
 
@@ -375,14 +386,19 @@ pub trait NodeStore: Send + Sync {
         reason: &str,
         rule: &ReimageRule<'_>,
     ) -> Result<ReimageOutcome, StoreError>;
-    /// The stored answer to an Idempotency-Key, if it was seen before.
-    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError>;
-    async fn save_idempotent_response(
+    /// Claims an Idempotency-Key for a request about `mac`, in one statement, so that of
+    /// overlapping tries with one key exactly one goes ahead. A claim older than
+    /// `stale_ms` with no answer (its server died) may be taken over.
+    async fn claim_idempotency_key(
         &self,
         key: &str,
         mac: &Mac,
-        response: &str,
-    ) -> Result<(), StoreError>;
+        stale_ms: i64,
+    ) -> Result<KeyClaim, StoreError>;
+    /// Stores the claimed request's answer: every later try with the key gets it.
+    async fn answer_idempotency_key(&self, key: &str, response: &str) -> Result<(), StoreError>;
+    /// Gives a claim back unanswered (the request failed): the next try goes ahead.
+    async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError>;
     async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError>;
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;

@@ -155,7 +155,7 @@ async fn the_agent_reboots_when_a_reimage_is_requested_and_needs_its_boot_parame
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    // Restarted agent: attestation answers 409 (done before), then "reboot".
+    // Restarted agent: attestation answers the stored verdict, then "reboot".
     let (code, out) = run_agent(root.path(), Some(&readings), &["--no-reboot"]).await;
     assert_eq!(code, 3, "{out}");
     assert!(out.contains(r#""action":"reboot""#), "{out}");

@@ -38,7 +38,9 @@ const RULES: &[(&str, &[&str])] = &[
     ("storm", &["api", "clock", "tftp", "cli"]),
     (
         "config",
-        &["api", "dhcp", "events", "image", "node", "store", "tftp"],
+        &[
+            "api", "dhcp", "events", "http", "image", "node", "store", "tftp",
+        ],
     ),
     (
         "server",

@@ -12,6 +12,7 @@ mod fake_node;
 mod harness;
 mod layers;
 mod lifecycle;
+mod limits;
 mod nodes;
 mod objects;
 mod pg;

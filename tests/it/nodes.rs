@@ -3,6 +3,7 @@
 
 use bootfleet::api::Digest;
 
+use crate::fake_node::FakeNode;
 use crate::harness::*;
 
 const MAC: &str = "52-54-00-00-00-01";
@@ -81,7 +82,9 @@ async fn a_node_is_discovered_assigned_and_boots_its_image_by_digest() {
     );
     let boot_id = field(&boot1, "bootfleet.boot=").to_string();
     let token = field(&boot1, "bootfleet.token=").to_string();
-    assert_eq!(token.len(), 64);
+    // The token names its boot, then 32 random bytes.
+    assert_eq!(token.len(), boot_id.len() + 1 + 64);
+    assert!(token.starts_with(&format!("{boot_id}.")));
     // The node can fetch exactly what the script names.
     let fetched = reqwest::get(&kernel_url)
         .await
@@ -253,9 +256,13 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
     let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
     assert_eq!(node["state"], "booted");
 
-    // Replayed: refused.
-    let r = attest(&token, MAC, &boot_id, good.clone()).await.unwrap();
-    assert_eq!(r.status(), 409);
+    // Retried, even with another report: the verdict first given, nothing rewritten.
+    let mut other = good.clone();
+    other["kernel_release"] = serde_json::json!("5.10.0-0-amd64");
+    let r = attest(&token, MAC, &boot_id, other).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let again: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(again, verdict);
 
     // A new boot: the old token has expired; a drifted report fails with named reasons.
     let boot2 = fake.boot().await;
@@ -305,7 +312,7 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
         };
     })
     .await;
-    server
+    let (_, image) = server
         .publish_query(good_bundle("demo", "1", b"k1"), "?tag=demo:stable")
         .await;
     let macs = [
@@ -328,11 +335,15 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
                 .await
                 .unwrap();
         }
-        let (_, boot) = script(&server, &format!("/boot/node.ipxe?mac={mac}")).await;
-        tokens.push((
-            field(&boot, "bootfleet.boot=").to_string(),
-            field(&boot, "bootfleet.token=").to_string(),
-        ));
+        // Booted and attested: heartbeats come only after attestation.
+        let fake = FakeNode::new(&server, mac);
+        let boot = fake.boot().await;
+        let digests = fake.fetch_all(&boot).await;
+        let (status, verdict) = fake
+            .attest(&boot, fake.report(&boot, &image, &digests))
+            .await;
+        assert_eq!(status, 200, "{verdict}");
+        tokens.push((boot.id.clone(), boot.token.clone()));
     }
     let reimage = |mac: &str, key: Option<&str>| {
         let mut r = server
@@ -420,13 +431,16 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
         field(&boot, "bootfleet.boot=").to_string(),
         field(&boot, "bootfleet.token=").to_string(),
     );
-    let answer: serde_json::Value = heartbeat(macs[0], &fresh)
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(answer["action"], "none");
+    // Not attested yet: its heartbeats are refused (a boot that never attested cannot
+    // be heard as alive).
+    let r = heartbeat(macs[0], &fresh).await.unwrap();
+    assert_eq!(r.status(), 409);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("has not passed attestation")
+    );
     assert_eq!(
         heartbeat(macs[0], &tokens[0]).await.unwrap().status(),
         403,
@@ -442,10 +456,16 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
         .collect();
     assert_eq!(
         tos,
-        ["discovered", "provisioning", "reimaging", "provisioning"]
+        [
+            "discovered",
+            "provisioning",
+            "booted",
+            "reimaging",
+            "provisioning"
+        ]
     );
     assert!(
-        node["history"][2]["reason"]
+        node["history"][3]["reason"]
             .as_str()
             .unwrap()
             .contains("driver drift on GPU 3")
@@ -482,5 +502,67 @@ async fn a_node_labelled_boot_local_gets_no_image_over_http() {
     let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
     assert_eq!(node["state"], "discovered", "{node}");
     assert_eq!(node["boots"].as_array().map(Vec::len), Some(0), "{node}");
+    server.stop().await;
+}
+
+/// The UUID a node first reports is kept: anyone on the boot network can ask for a
+/// script in a node's name, and must not rewrite what the node is known by.
+#[tokio::test]
+async fn the_first_uuid_seen_is_kept() {
+    let server = TestServer::start().await;
+    let first = "4C4C4544-0042-3510-8052-B4C04F4E3232";
+    let ask =
+        |uuid: &str| reqwest::get(server.url(&format!("/boot/node.ipxe?mac={MAC}&uuid={uuid}")));
+    // Not UUIDs: nothing stored.
+    for junk in [
+        "",
+        "00000000-0000-0000-0000-000000000000",
+        "not-a-uuid",
+        "4c4c4544",
+    ] {
+        assert_eq!(ask(junk).await.unwrap().status(), 200);
+    }
+    let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
+    assert_eq!(node["uuid"], serde_json::Value::Null, "{node}");
+    assert_eq!(ask(first).await.unwrap().status(), 200);
+    assert_eq!(
+        ask("11111111-2222-3333-4444-555555555555")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (_, node) = server.json(&format!("/api/v1/nodes/{MAC_COLONS}")).await;
+    assert_eq!(node["uuid"], first.to_ascii_lowercase(), "{node}");
+    server.stop().await;
+}
+
+/// Overlapping tries with one Idempotency-Key all get the first answer: the key is
+/// claimed before the decision, not looked up before it and saved after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_tries_with_one_key_get_one_answer() {
+    let server = TestServer::start().await;
+    let (status, body) = server.publish(good_bundle("demo", "1", b"kernel")).await;
+    assert_eq!(status, 201, "{body}");
+    server.assign(MAC_COLONS, "demo:1").await;
+    let (status, _) = script(&server, &format!("/boot/node.ipxe?mac={MAC}")).await;
+    assert_eq!(status, 200);
+    let tries = (0..5).map(|_| async {
+        let r = server
+            .post(&format!("/api/v1/nodes/{MAC_COLONS}/reimage"))
+            .header("idempotency-key", "rollout-7/node-1")
+            .json(&serde_json::json!({ "reason": "rollout 7" }))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    let answers = futures_util::future::join_all(tries).await;
+    let first = answers[0].clone();
+    assert_eq!(first.0, 202, "{}", first.1);
+    assert!(first.1.contains("\"accepted\""), "{}", first.1);
+    for answer in &answers {
+        assert_eq!(answer, &first);
+    }
     server.stop().await;
 }

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use bootfleet::api::{Digest, Mac, NodeState};
 use bootfleet::store::{
-    Attached, CasOutcome, Fetch, InsertOutcome, LeaseRow, NewBoot, NewImage, ReimageDecision,
-    ReimageOutcome, Store, StoreUrl,
+    Attached, CasOutcome, Fetch, InsertOutcome, KeyClaim, LeaseRow, NewBoot, NewImage,
+    ReimageDecision, ReimageOutcome, Store, StoreUrl,
 };
 
 /// One database, which tests may open more than once.
@@ -468,17 +468,52 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         label: "stable".into(),
     };
     assert_eq!(store.resolve(&r).await.unwrap(), Some(digest));
-    // Idempotency keys: the first answer stays.
-    store
-        .save_idempotent_response("k", &m, "first")
-        .await
-        .unwrap();
-    store
-        .save_idempotent_response("k", &m, "second")
-        .await
-        .unwrap();
-    let (_, response) = store.idempotent_response("k").await.unwrap().unwrap();
-    assert_eq!(response, "first");
+    // Idempotency keys: one claim among racing servers; the first answer stays; a
+    // released claim is free again; a stale one is taken over.
+    let other = db.open().await;
+    let (a, b) = tokio::join!(
+        store.claim_idempotency_key("k", &m, 60_000),
+        other.claim_idempotency_key("k", &m, 60_000)
+    );
+    let mut claims = [a.unwrap(), b.unwrap()];
+    claims.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(
+        claims,
+        [
+            KeyClaim::Claimed,
+            KeyClaim::InProgress { mac: m.to_string() }
+        ]
+    );
+    store.answer_idempotency_key("k", "first").await.unwrap();
+    let answered = KeyClaim::Answered {
+        mac: m.to_string(),
+        response: "first".into(),
+    };
+    assert_eq!(
+        other.claim_idempotency_key("k", &m, 0).await.unwrap(),
+        answered
+    );
+    store.release_idempotency_key("k").await.unwrap();
+    assert_eq!(
+        store.claim_idempotency_key("k", &m, 0).await.unwrap(),
+        answered
+    );
+    assert_eq!(
+        store.claim_idempotency_key("r", &m, 60_000).await.unwrap(),
+        KeyClaim::Claimed
+    );
+    store.release_idempotency_key("r").await.unwrap();
+    assert_eq!(
+        other.claim_idempotency_key("r", &m, 60_000).await.unwrap(),
+        KeyClaim::Claimed
+    );
+    // Unanswered and older than the stale bound (0 ms here): taken over.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(
+        store.claim_idempotency_key("r", &m, 0).await.unwrap(),
+        KeyClaim::Claimed
+    );
+    other.close().await;
     let seen: BTreeSet<_> = store
         .nodes()
         .await

@@ -89,7 +89,9 @@ impl Agent {
         );
     }
 
-    pub async fn attest(&self) -> Result<(), String> {
+    /// Ok(passed): a failed verdict is not an error here, since the node stays in touch
+    /// (heartbeats) for the server to order its reboot.
+    pub async fn attest(&self) -> Result<bool, String> {
         let f = self.facts();
         let body = AttestRequest {
             boot_id: self.boot.clone(),
@@ -105,8 +107,10 @@ impl Agent {
         };
         let (status, answer) = self.post("/api/v1/agent/attest", &body).await;
         Self::say("attest", status, &answer);
+        // A retry (the agent restarted, an answer was lost) gets the stored verdict with
+        // 200; 409 means this boot is not the node's newest or cannot be judged now.
         match status {
-            200 | 409 => Ok(()), // 409: attested before (the agent restarted)
+            200 => Ok(answer["passed"] == true),
             _ => Err(format!("attestation refused ({status}): {answer}")),
         }
     }
@@ -138,6 +142,9 @@ impl Agent {
             "{}",
             json!({ "step": "validate", "status": status, "answer": answer, "gpus": gpus, "nvml_error": nvml_error })
         );
+        // A failed validation is the server's to act on (reimage or quarantine): the
+        // report was delivered. 409 (the node is being reimaged, say) is not a reason to
+        // stop: the heartbeats that follow carry the server's orders.
         match status {
             200 | 409 => Ok(()),
             _ => Err(format!("validation refused ({status}): {answer}")),
@@ -170,8 +177,11 @@ impl Agent {
 
     /// Attest, validate, then heartbeat until the server says reboot (or once).
     pub async fn run(&self, once: bool) -> Result<Outcome, String> {
-        self.attest().await?;
-        self.validate().await?;
+        if self.attest().await? {
+            self.validate().await?;
+        } else {
+            eprintln!("bootfleet-agent: attestation failed; waiting for the server's orders");
+        }
         loop {
             match self.heartbeat().await? {
                 NextAction::Reboot => return Ok(Outcome::Reboot),

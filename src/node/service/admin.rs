@@ -9,6 +9,10 @@ use crate::registry::RegistryError;
 
 use super::NodeService;
 
+/// Labels one node may carry: enough for placement and policy, few enough that a
+/// node row stays small.
+pub const MAX_LABELS: usize = 64;
+
 /// Timelines shown with a node.
 const TIMELINES_SHOWN: i64 = 5;
 
@@ -91,7 +95,7 @@ impl NodeService {
     }
 
     /// Sets and removes labels in one write: keys are 1-63 characters from A-Z a-z 0-9
-    /// . _ - /, values up to 253 printable characters.
+    /// . _ - /, values up to 253 printable characters; at most `MAX_LABELS` a node.
     pub async fn label(&self, mac: &Mac, req: &LabelRequest) -> Result<Node, AdminError> {
         for (k, v) in &req.set {
             if !valid_label_key(k) || v.len() > 253 || !v.chars().all(visible) {
@@ -99,6 +103,24 @@ impl NodeService {
                     "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 visible characters"
                 )));
             }
+        }
+        // Checked against the labels now: two racing requests may pass it together, which
+        // bounds the count at twice the cap rather than leaving it unbounded.
+        let current = self
+            .store
+            .node(mac)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))?;
+        let after = current
+            .labels
+            .keys()
+            .filter(|k| !req.remove.contains(k) && !req.set.contains_key(*k))
+            .count()
+            + req.set.len();
+        if after > MAX_LABELS {
+            return Err(AdminError::BadRequest(format!(
+                "a node has at most {MAX_LABELS} labels; this request would leave {after}"
+            )));
         }
         let node = self.store.label(mac, &req.set, &req.remove).await?;
         node.map(Node::from)

@@ -1,6 +1,9 @@
 //! The attestation endpoint's logic: the token must be this boot's (compared in constant
-//! time, newest boot only, once, within its lifetime), the report must be for the node
-//! that booted; then the pure judgement, the stored verdict and the state change.
+//! time, newest boot only, within its lifetime), the report must be for the node that
+//! booted; then the pure judgement, the stored verdict and the state change. A boot is
+//! judged once: a retry gets the stored verdict.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
@@ -27,8 +30,6 @@ pub enum Refusal {
     BadToken,
     #[error("the boot token has expired")]
     Expired,
-    #[error("this boot was already attested; a token is used once")]
-    Replayed,
     #[error("this boot has not passed attestation; validation and heartbeats come after it")]
     NotAttested,
     #[error("the report names node {claimed}, but boot {boot_id} belongs to {actual}")]
@@ -50,6 +51,39 @@ pub enum AttestError {
     Boot(#[from] BootError),
 }
 
+/// An agent call's caller, authenticated from its token: the boot the token belongs to.
+#[derive(Debug)]
+pub struct Caller {
+    boot_id: String,
+    boot: crate::store::BootForAttest,
+}
+
+/// Unknown-token refusals not yet logged, and when the last log line went out.
+static UNKNOWN_TOKENS: AtomicU64 = AtomicU64::new(0);
+static UNKNOWN_LOGGED_MS: AtomicI64 = AtomicI64::new(0);
+const UNKNOWN_LOG_EVERY_MS: i64 = 10_000;
+
+/// Counts a refused unknown token, logging the count at most every 10 s: a flood of
+/// forged tokens costs neither the log nor the database.
+fn unknown_token() -> AttestError {
+    UNKNOWN_TOKENS.fetch_add(1, Ordering::Relaxed);
+    let now = crate::clock::now_ms();
+    let last = UNKNOWN_LOGGED_MS.load(Ordering::Relaxed);
+    if now - last >= UNKNOWN_LOG_EVERY_MS
+        && UNKNOWN_LOGGED_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let refused = UNKNOWN_TOKENS.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            security = true,
+            refused,
+            "agent calls refused: boot token unknown"
+        );
+    }
+    Refusal::BadToken.into()
+}
+
 impl From<crate::store::StoreError> for AttestError {
     fn from(e: crate::store::StoreError) -> Self {
         AttestError::Boot(e.into())
@@ -57,8 +91,12 @@ impl From<crate::store::StoreError> for AttestError {
 }
 
 impl NodeService {
-    pub async fn attest(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
-        let result = self.attest_inner(token, req).await;
+    pub async fn attest(
+        &self,
+        caller: &Caller,
+        req: &AttestRequest,
+    ) -> Result<Verdict, AttestError> {
+        let result = self.attest_inner(caller, req).await;
         self.noted("attest", &req.boot_id, &req.mac, result).await
     }
 
@@ -96,19 +134,21 @@ impl NodeService {
         result
     }
 
-    /// The checks every agent call makes: this boot's token, this boot's node, its newest
-    /// boot, within the token's lifetime.
-    pub(super) async fn authenticate(
-        &self,
-        token: &str,
-        boot_id: &str,
-        mac: &Mac,
-    ) -> Result<crate::store::BootForAttest, AttestError> {
-        let boot = self
-            .store
-            .boot_for_attest(boot_id)
-            .await?
-            .ok_or(Refusal::BadToken)?;
+    /// The boot an agent call's token was minted for, found from the token alone (it
+    /// names its boot: `<boot id>.<secret>`), so that a caller is checked before its
+    /// request body is read. The token must match in constant time, belong to the node's
+    /// newest boot and be within its lifetime.
+    ///
+    /// An unknown token is not recorded as an event (anyone can send one, and each would
+    /// be a row); it is counted in a log line at most every 10 s.
+    pub async fn caller(&self, token: &str) -> Result<Caller, AttestError> {
+        let boot_id = match token.split_once('.') {
+            Some((id, secret)) if (1..=64).contains(&id.len()) && !secret.is_empty() => id,
+            _ => return Err(unknown_token()),
+        };
+        let Some(boot) = self.store.boot_for_attest(boot_id).await? else {
+            return Err(unknown_token());
+        };
         let presented = Digest::from_hasher(Sha256::new_with_prefix(token.as_bytes()));
         let same: bool = presented
             .hex()
@@ -116,28 +156,55 @@ impl NodeService {
             .ct_eq(boot.token_sha256.hex().as_bytes())
             .into();
         if !same {
+            return Err(unknown_token());
+        }
+        let mac = boot.mac;
+        let caller = Caller {
+            boot_id: boot_id.to_string(),
+            boot,
+        };
+        if !caller.boot.latest
+            || crate::clock::now_ms() - caller.boot.created_at_ms > TOKEN_LIFETIME_MS
+        {
+            // A real token, an old one: worth an event, as it was once this node's.
+            return self
+                .noted("agent", boot_id, &mac, Err(Refusal::Expired.into()))
+                .await;
+        }
+        Ok(caller)
+    }
+
+    /// What the report claims must be what the token says: its boot and its node.
+    pub(super) fn claims<'c>(
+        caller: &'c Caller,
+        boot_id: &str,
+        mac: &Mac,
+    ) -> Result<&'c crate::store::BootForAttest, AttestError> {
+        if boot_id != caller.boot_id {
             return Err(Refusal::BadToken.into());
         }
-        if *mac != boot.mac {
+        if *mac != caller.boot.mac {
             return Err(Refusal::OtherNode {
                 claimed: *mac,
-                actual: boot.mac,
+                actual: caller.boot.mac,
                 boot_id: boot_id.to_string(),
             }
             .into());
         }
-        if !boot.latest || crate::clock::now_ms() - boot.created_at_ms > TOKEN_LIFETIME_MS {
-            return Err(Refusal::Expired.into());
-        }
-        Ok(boot)
+        Ok(&caller.boot)
     }
 
-    async fn attest_inner(&self, token: &str, req: &AttestRequest) -> Result<Verdict, AttestError> {
+    async fn attest_inner(
+        &self,
+        caller: &Caller,
+        req: &AttestRequest,
+    ) -> Result<Verdict, AttestError> {
         let store = &self.store;
-        let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
-        // Checked again where the verdict is written (a race cannot attest twice).
+        let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
+        // A retry (the agent's answer was lost, or it timed out under load) gets the
+        // verdict already given: a boot is judged once, and its report cannot change it.
         if boot.attested {
-            return Err(Refusal::Replayed.into());
+            return self.stored_verdict(&req.boot_id).await;
         }
         let Some(image) = self.image(&boot.image).await? else {
             return Err(Refusal::BadToken.into());
@@ -204,9 +271,23 @@ impl NodeService {
             .await
         {
             Ok(_) => Ok(verdict),
-            Err(ControlError::AlreadyAttested) => Err(Refusal::Replayed.into()),
+            // A concurrent try of the same boot won the race: its verdict is the answer.
+            Err(ControlError::AlreadyAttested) => self.stored_verdict(&req.boot_id).await,
             Err(ControlError::NotAllowed(e)) => Err(AttestError::NotNow(e.to_string())),
             Err(e) => Err(BootError::from(e).into()),
         }
+    }
+
+    /// The verdict stored for `boot_id`, as first given.
+    async fn stored_verdict(&self, boot_id: &str) -> Result<Verdict, AttestError> {
+        let facts = self.store.boot_by_id(boot_id).await?;
+        let verdict = facts
+            .and_then(|f| f.verdict)
+            .ok_or_else(|| AttestError::NotNow(format!("boot {boot_id} has no verdict yet")))?;
+        serde_json::from_value(verdict).map_err(|e| {
+            AttestError::Boot(
+                crate::store::StoreError::Corrupt(format!("boot {boot_id}'s verdict: {e}")).into(),
+            )
+        })
     }
 }

@@ -35,20 +35,24 @@ pub fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
 impl NodeService {
     pub async fn heartbeat(
         &self,
-        token: &str,
+        caller: &super::attest::Caller,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatAnswer, AttestError> {
-        let result = self.heartbeat_inner(token, req).await;
+        let result = self.heartbeat_inner(caller, req).await;
         self.noted("heartbeat", &req.boot_id, &req.mac, result)
             .await
     }
 
     async fn heartbeat_inner(
         &self,
-        token: &str,
+        caller: &super::attest::Caller,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatAnswer, AttestError> {
-        self.authenticate(token, &req.boot_id, &req.mac).await?;
+        // Alive means alive in the image it was judged to run: before a verdict, a
+        // heartbeat would bring back an unreachable boot that never attested.
+        if !Self::claims(caller, &req.boot_id, &req.mac)?.attested {
+            return Err(Refusal::NotAttested.into());
+        }
         let store = &self.store;
         store.record_heartbeat(&req.mac).await?;
         let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;

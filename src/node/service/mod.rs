@@ -112,6 +112,12 @@ impl NodeService {
             .controller
             .discover(mac, uuid, "first seen network-booting")
             .await?;
+        if let (Some(seen), Some(kept)) = (uuid, node.uuid.as_deref())
+            && !seen.eq_ignore_ascii_case(kept)
+        {
+            // A replaced board, or a host asking in another node's name.
+            tracing::warn!(security = true, %mac, seen, kept, "boot request names another UUID than the node's; the first one seen is kept");
+        }
         let hyphens = mac.to_string().replace(':', "-");
         if new {
             return Ok(self.templates.unknown(server, &hyphens)?);
@@ -142,7 +148,8 @@ impl NodeService {
                     .held(server, &hyphens, node.state.as_str(), &reason)?);
             }
         };
-        let token = random_hex(32);
+        // The token names its boot, so agent calls are checked from the header alone.
+        let token = format!("{boot_id}.{}", random_hex(32));
         let token_sha256 = Digest::from_hasher(Sha256::new_with_prefix(token.as_bytes()));
         let reason = format!(
             "boot {boot_id}: {}:{} {}",

@@ -23,19 +23,19 @@ struct StoredValidation<'a> {
 impl NodeService {
     pub async fn validate(
         &self,
-        token: &str,
+        caller: &super::attest::Caller,
         req: &ValidateRequest,
     ) -> Result<ValidationVerdict, AttestError> {
-        let result = self.validate_inner(token, req).await;
+        let result = self.validate_inner(caller, req).await;
         self.noted("validate", &req.boot_id, &req.mac, result).await
     }
 
     async fn validate_inner(
         &self,
-        token: &str,
+        caller: &super::attest::Caller,
         req: &ValidateRequest,
     ) -> Result<ValidationVerdict, AttestError> {
-        let boot = self.authenticate(token, &req.boot_id, &req.mac).await?;
+        let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
         let store = &self.store;
         let facts = store
             .boot_by_id(&req.boot_id)

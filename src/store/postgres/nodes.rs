@@ -12,8 +12,8 @@ use crate::api::{Mac, NodeState};
 use crate::clock::now_ms;
 use crate::store::rows::{self, NodeRow, select_nodes};
 use crate::store::{
-    Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
-    ReimageRule, StoreError,
+    Attached, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore, ReimageDecision,
+    ReimageOutcome, ReimageRule, StoreError,
 };
 
 /// The history row and the event of a state change, in the change's transaction; the
@@ -166,8 +166,9 @@ impl NodeStore for PgStore {
         if inserted {
             insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
         } else if let Some(uuid) = uuid {
-            // Firmware may send the UUID only on some boots; keep the latest we saw.
-            sqlx::query("UPDATE nodes SET uuid = $1 WHERE mac = $2 AND uuid IS DISTINCT FROM $1")
+            // Firmware may send the UUID only on some boots: the first one seen is kept
+            // (see the SQLite store).
+            sqlx::query("UPDATE nodes SET uuid = $1 WHERE mac = $2 AND uuid IS NULL")
                 .bind(uuid)
                 .bind(mac.to_string())
                 .execute(&mut *tx)
@@ -311,25 +312,53 @@ impl NodeStore for PgStore {
         self.notify_events();
         Ok(ReimageOutcome::Accepted(written(&self.pool, mac).await?))
     }
-    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
-        Ok(
-            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = $1")
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-    async fn save_idempotent_response(
+    async fn claim_idempotency_key(
         &self,
         key: &str,
         mac: &Mac,
-        response: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING")
-            .bind(key)
-            .bind(mac.to_string())
+        stale_ms: i64,
+    ) -> Result<KeyClaim, StoreError> {
+        let now = now_ms();
+        // An empty response marks a claim not yet answered. The insert, or the takeover
+        // of a stale claim, is one statement: two tries cannot both win it.
+        let claimed = sqlx::query(
+            "INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES ($1, $2, '', $3)
+             ON CONFLICT (key) DO UPDATE SET mac = excluded.mac, at_ms = excluded.at_ms
+             WHERE reimage_requests.response = '' AND reimage_requests.at_ms < $4",
+        )
+        .bind(key)
+        .bind(mac.to_string())
+        .bind(now)
+        .bind(now - stale_ms)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1;
+        if claimed {
+            return Ok(KeyClaim::Claimed);
+        }
+        let (mac, response): (String, String) =
+            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = $1")
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(if response.is_empty() {
+            KeyClaim::InProgress { mac }
+        } else {
+            KeyClaim::Answered { mac, response }
+        })
+    }
+    async fn answer_idempotency_key(&self, key: &str, response: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE reimage_requests SET response = $1 WHERE key = $2")
             .bind(response)
-            .bind(now_ms())
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+    async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM reimage_requests WHERE key = $1 AND response = ''")
+            .bind(key)
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -11,8 +11,8 @@ use crate::api::{Mac, NodeState};
 use crate::clock::now_ms;
 use crate::store::rows::{self, NodeRow, select_nodes};
 use crate::store::{
-    Attached, CasOutcome, NewBoot, NodeRecord, NodeStore, ReimageDecision, ReimageOutcome,
-    ReimageRule, StoreError,
+    Attached, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore, ReimageDecision,
+    ReimageOutcome, ReimageRule, StoreError,
 };
 
 /// The history row and the event of a state change; always in the transaction of the
@@ -167,11 +167,12 @@ impl NodeStore for SqliteStore {
         if inserted {
             insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
         } else if let Some(uuid) = uuid {
-            // Firmware may send the UUID only on some boots; keep the latest we saw.
-            sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND (uuid IS NULL OR uuid != ?)")
+            // Firmware may send the UUID only on some boots: the first one seen is kept.
+            // Anyone on the boot network can ask for a script, so a later, different one
+            // is not the node's word (the service logs it).
+            sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND uuid IS NULL")
                 .bind(uuid)
                 .bind(mac.to_string())
-                .bind(uuid)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -324,28 +325,59 @@ impl NodeStore for SqliteStore {
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(ReimageOutcome::Accepted(node))
     }
-    /// The stored answer to an Idempotency-Key, if it was seen before.
-    async fn idempotent_response(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
-        Ok(
-            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = ?")
-                .bind(key)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-    async fn save_idempotent_response(
+    async fn claim_idempotency_key(
         &self,
         key: &str,
         mac: &Mac,
-        response: &str,
-    ) -> Result<(), StoreError> {
+        stale_ms: i64,
+    ) -> Result<KeyClaim, StoreError> {
         // Autocommit writes queue at the gate too (Store::write_gate).
         let _gate = self.write_gate().await;
-        sqlx::query("INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES (?, ?, ?, ?) ON CONFLICT (key) DO NOTHING")
-            .bind(key)
-            .bind(mac.to_string())
+        let now = now_ms();
+        // An empty response marks a claim not yet answered. The insert, or the takeover
+        // of a stale claim, is one statement: two tries cannot both win it.
+        let claimed = sqlx::query(
+            "INSERT INTO reimage_requests (key, mac, response, at_ms) VALUES (?, ?, '', ?)
+             ON CONFLICT (key) DO UPDATE SET mac = excluded.mac, at_ms = excluded.at_ms
+             WHERE reimage_requests.response = '' AND reimage_requests.at_ms < ?",
+        )
+        .bind(key)
+        .bind(mac.to_string())
+        .bind(now)
+        .bind(now - stale_ms)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1;
+        if claimed {
+            return Ok(KeyClaim::Claimed);
+        }
+        let (mac, response): (String, String) =
+            sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = ?")
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(if response.is_empty() {
+            KeyClaim::InProgress { mac }
+        } else {
+            KeyClaim::Answered { mac, response }
+        })
+    }
+    async fn answer_idempotency_key(&self, key: &str, response: &str) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        sqlx::query("UPDATE reimage_requests SET response = ? WHERE key = ?")
             .bind(response)
-            .bind(now_ms())
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+    async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError> {
+        // Autocommit writes queue at the gate too (Store::write_gate).
+        let _gate = self.write_gate().await;
+        sqlx::query("DELETE FROM reimage_requests WHERE key = ? AND response = ''")
+            .bind(key)
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -1,0 +1,159 @@
+//! The connection layer under the routes: accepts TCP connections up to a cap, bounds how
+//! long a client may take to send its headers, stall its body or leave a response unread,
+//! and shuts down within a deadline.
+//!
+//! `axum::serve` has none of these knobs (it installs no timer, so hyper's header timeout
+//! never fires, and it waits for every connection at shutdown), so connections are served
+//! with hyper's HTTP/1 builder directly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+/// `[http]` in the settings file: what one client may hold of the server.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Connections served at once; more wait in the kernel's backlog. Lowered to fit the
+    /// open-file limit [default: 8192].
+    pub max_connections: usize,
+    /// A request's headers must arrive within this long of the connection opening or of
+    /// the previous response ending: the header and the keep-alive idle timeout
+    /// [default: 30].
+    pub header_timeout_secs: u64,
+    /// A request body that sends nothing for this long is abandoned [default: 60].
+    pub body_timeout_secs: u64,
+    /// A response the client reads nothing of for this long is abandoned [default: 60].
+    pub write_timeout_secs: u64,
+    /// On shutdown, requests and publishes in flight get this long to finish [default: 30].
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 8192,
+            header_timeout_secs: 30,
+            body_timeout_secs: 60,
+            write_timeout_secs: 60,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+/// File descriptors kept back from connections: the database pool, blob files being
+/// served, TFTP and DHCP sockets, object-store requests.
+const RESERVED_FDS: u64 = 512;
+
+impl HttpSettings {
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s.max(1))
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Self::secs(self.shutdown_grace_secs)
+    }
+
+    /// The connection cap that fits the open-file limit, raised to its hard limit first
+    /// (a boot storm holds thousands of connections; the usual soft limit is 1024).
+    fn connection_cap(&self) -> usize {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+            Ok((soft, hard)) if soft < hard => setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+                .map(|_| hard)
+                .unwrap_or(soft),
+            Ok((soft, _)) => soft,
+            Err(_) => return self.max_connections.max(1),
+        };
+        let fit = soft.saturating_sub(RESERVED_FDS).max(16);
+        let cap = self
+            .max_connections
+            .clamp(1, usize::try_from(fit).unwrap_or(usize::MAX));
+        if cap < self.max_connections {
+            tracing::warn!(
+                max_connections = self.max_connections,
+                cap,
+                nofile = soft,
+                "[http] max_connections lowered to fit the open-file limit"
+            );
+        }
+        cap
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` is cancelled, then gives open connections
+/// `shutdown_grace` to finish their requests and closes the rest.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: &HttpSettings,
+    shutdown: CancellationToken,
+) {
+    let permits = Arc::new(Semaphore::new(settings.connection_cap()));
+    let write_timeout = HttpSettings::secs(settings.write_timeout_secs);
+    let app = app.layer(RequestBodyTimeoutLayer::new(HttpSettings::secs(
+        settings.body_timeout_secs,
+    )));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HttpSettings::secs(settings.header_timeout_secs));
+    let graceful = GracefulShutdown::new();
+    loop {
+        // A permit first: at the cap, new connections wait in the backlog, unaccepted.
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let tcp = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors or memory: wait for connections to end rather
+                    // than spin on a listener that stays readable.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        // Small responses (scripts, API) must not wait on Nagle.
+        let _ = tcp.set_nodelay(true);
+        let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(write_timeout));
+        let conn = builder.serve_connection(
+            TokioIo::new(Box::pin(io)),
+            TowerToHyperService::new(app.clone()),
+        );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // Timeouts and resets end here; they are the client's, not ours to log loudly.
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    if tokio::time::timeout(settings.shutdown_grace(), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open,
+            grace_secs = settings.shutdown_grace_secs,
+            "connections still open after the shutdown grace: closing them"
+        );
+    }
+}

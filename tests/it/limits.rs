@@ -1,0 +1,241 @@
+//! What one client may hold of the server: bodies read only after the caller is known and
+//! only up to a cap, connections capped, headers, idle keep-alive and stalled bodies timed
+//! out, and a shutdown that ends within its grace whatever clients do. Raw TCP where a
+//! well-behaved HTTP client would hide the attack.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::fake_node::FakeNode;
+use crate::harness::*;
+
+/// Sends `head` (request line and headers, no blank line yet) announcing a body of
+/// `length` bytes and sends only `sent` of them; returns what the server answers, read
+/// until it closes or `wait` passes.
+async fn announce_body(
+    server: &TestServer,
+    head: &str,
+    length: u64,
+    sent: usize,
+    wait: Duration,
+) -> String {
+    let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "{head}\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    tcp.write_all(&vec![b' '; sent]).await.unwrap();
+    read_until_closed(&mut tcp, wait).await
+}
+
+/// What the server sends until it has answered or closed the connection; panics when
+/// it does neither within `wait`.
+async fn read_until_closed(tcp: &mut TcpStream, wait: Duration) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(wait, async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    // An answer to a request whose body we never finish: enough.
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await
+    .expect("the server neither answered nor closed the connection");
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// True when the server closes `tcp` within `wait` (reads EOF or a reset).
+async fn closed_within(tcp: &mut TcpStream, wait: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    matches!(
+        tokio::time::timeout(wait, async {
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await,
+        Ok(())
+    )
+}
+
+#[tokio::test]
+async fn agent_calls_are_judged_from_the_header_before_any_body_is_read() {
+    let server = TestServer::start().await;
+    // A gigabyte announced, a few bytes sent: the answer comes without the rest.
+    let wait = Duration::from_secs(20);
+    let anonymous = announce_body(
+        &server,
+        "POST /api/v1/agent/attest HTTP/1.1",
+        1 << 30,
+        10,
+        wait,
+    )
+    .await;
+    assert!(anonymous.starts_with("HTTP/1.1 401"), "{anonymous}");
+    for forged in [
+        "0".repeat(64),
+        format!("{}.{}", "ab".repeat(8), "0".repeat(64)),
+    ] {
+        let head =
+            format!("POST /api/v1/agent/validate HTTP/1.1\r\nAuthorization: Bearer {forged}");
+        let answer = announce_body(&server, &head, 1 << 30, 10, wait).await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{forged}: {answer}");
+    }
+    // Forged tokens write nothing: no event, no node.
+    let (_, page) = server.json("/api/v1/events").await;
+    assert_eq!(page["events"], json!([]), "{page}");
+
+    // A real token: the body is read, up to the cap.
+    let (status, image) = server
+        .publish(good_bundle("demo", "1.0.0", &noise(4096, 1)))
+        .await;
+    assert_eq!(status, 201, "{image}");
+    server.assign("52:54:00:00:00:01", "demo:1.0.0").await;
+    let fake = FakeNode::new(&server, "52-54-00-00-00-01");
+    fake.script().await;
+    let boot = fake.boot().await;
+    let head = format!(
+        "POST /api/v1/agent/attest HTTP/1.1\r\nAuthorization: Bearer {}",
+        boot.token
+    );
+    let answer = announce_body(&server, &head, 1 << 30, 300 * 1024, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // Still attestable: the refused body changed nothing.
+    let digests = fake.fetch_all(&boot).await;
+    let (status, verdict) = fake
+        .attest(&boot, fake.report(&boot, &image, &digests))
+        .await;
+    assert_eq!(status, 200, "{verdict}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn admin_bodies_and_labels_are_capped() {
+    let server = TestServer::start().await;
+    let mac = "52:54:00:00:00:02";
+    let r = reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-02"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let patch = |body: String| {
+        server
+            .http
+            .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
+            .bearer_auth(&server.token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    // Over the JSON cap: 413, whatever it holds.
+    let big = json!({ "set": { "note": "x".repeat(2 << 20) } }).to_string();
+    assert_eq!(patch(big).await.unwrap().status(), 413);
+    // Labels: 64 fit, the 65th is refused with the reason, in one request or over two.
+    let labels = |from: usize, to: usize| {
+        let set: serde_json::Map<String, serde_json::Value> =
+            (from..to).map(|i| (format!("k{i}"), json!("v"))).collect();
+        json!({ "set": set }).to_string()
+    };
+    let r = patch(labels(0, 65)).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("at most 64 labels"));
+    assert_eq!(patch(labels(0, 60)).await.unwrap().status(), 200);
+    assert_eq!(patch(labels(60, 65)).await.unwrap().status(), 400);
+    assert_eq!(patch(labels(60, 64)).await.unwrap().status(), 200);
+    let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
+    assert_eq!(node["labels"].as_object().unwrap().len(), 64);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn slow_headers_idle_connections_and_stalled_bodies_are_closed() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.http.header_timeout_secs = 1;
+        cfg.http.body_timeout_secs = 1;
+    })
+    .await;
+    let wait = Duration::from_secs(15);
+    // Half a request line, then nothing.
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HT").await.unwrap();
+    assert!(closed_within(&mut slow, wait).await, "slow headers");
+    // Nothing at all.
+    let mut silent = TcpStream::connect(server.addr).await.unwrap();
+    assert!(closed_within(&mut silent, wait).await, "silent connection");
+    // A keep-alive connection left idle after its answer.
+    let mut idle = TcpStream::connect(server.addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut idle, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed_within(&mut idle, wait).await, "idle keep-alive");
+    // A publish whose body stops coming: abandoned, and nothing kept of it.
+    let head = "POST /api/v1/images HTTP/1.1\r\nAuthorization: Bearer ".to_string() + &server.token;
+    let answer = announce_body(&server, &head, 1 << 20, 1000, wait).await;
+    assert!(!answer.starts_with("HTTP/1.1 201"), "{answer}");
+    server.assert_empty().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_for_a_free_one() {
+    let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 3).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        held.push(tcp);
+    }
+    // The fourth is not served while three are open...
+    let fourth = tokio::spawn(reqwest::get(server.url("/healthz")));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!fourth.is_finished(), "served past the cap");
+    // ...and is as soon as one closes.
+    held.pop();
+    let r = tokio::time::timeout(Duration::from_secs(10), fourth)
+        .await
+        .expect("served once a connection closed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(held);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_within_its_grace_whatever_clients_hold() {
+    let server = TestServer::start_configured(|cfg| cfg.http.shutdown_grace_secs = 1).await;
+    // A publish trickling its body, and a client that sends half a request line.
+    let mut publish = TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/images HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: 1000000\r\n\r\n",
+        server.token
+    );
+    publish.write_all(head.as_bytes()).await.unwrap();
+    publish.write_all(&[0u8; 512]).await.unwrap();
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(20), server.stop())
+        .await
+        .expect("the server stops within its grace");
+    drop((publish, slow));
+}
