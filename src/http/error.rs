@@ -27,6 +27,9 @@ pub enum ApiError {
     TooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The disk cannot take what was sent: 507.
+    #[error("{0}")]
+    InsufficientStorage(String),
     /// A dependency (the object store) is unreachable or handed back damaged bytes:
     /// 503 with Retry-After, so the client tries again or elsewhere.
     #[error("{0}")]
@@ -37,8 +40,13 @@ impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::Bundle(
-                BundleError::TooLarge { .. } | BundleError::TooManyEntries(_),
+                BundleError::TooLarge { .. }
+                | BundleError::TooManyEntries(_)
+                | BundleError::BundleTooLarge(_),
             ) => ApiError::TooLarge(e.to_string()),
+            RegistryError::Bundle(BundleError::NoSpace { .. }) => {
+                ApiError::InsufficientStorage(e.to_string())
+            }
             RegistryError::Bundle(BundleError::Storage(_)) => ApiError::Internal(e.to_string()),
             RegistryError::Bundle(b) => ApiError::BadRequest(format!("bundle refused: {b}")),
             RegistryError::Conflict(m) => ApiError::Conflict(m),
@@ -89,6 +97,7 @@ impl IntoResponse for ApiError {
             }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
         };
         let error = capped(self.to_string());
         if status.is_server_error() {

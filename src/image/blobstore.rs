@@ -85,6 +85,12 @@ impl BlobStore {
         self.path_of(digest).is_file()
     }
 
+    /// Bytes an unprivileged writer may still put in the blob directory's filesystem.
+    pub fn available_bytes(&self) -> io::Result<u64> {
+        let stat = nix::sys::statvfs::statvfs(self.dir()).map_err(io::Error::from)?;
+        Ok(stat.blocks_available() as u64 * stat.fragment_size() as u64)
+    }
+
     pub fn temp_writer(&self) -> io::Result<TempBlobWriter> {
         let name = format!("{TMP_PREFIX}{:016x}", rand::random::<u64>());
         let path = self.dir.join(name);

@@ -28,6 +28,11 @@ pub struct BundleLimits {
     pub max_manifest_bytes: u64,
     /// Most entries (files and directories) in one bundle.
     pub max_entries: usize,
+    /// Most bytes one bundle may stage, all artifacts together.
+    pub max_bundle_bytes: u64,
+    /// Free space an artifact must leave in the blob directory's filesystem (the
+    /// database and the logs may share it).
+    pub min_free_bytes: u64,
 }
 
 impl Default for BundleLimits {
@@ -36,6 +41,8 @@ impl Default for BundleLimits {
             max_artifact_bytes: 16 << 30,
             max_manifest_bytes: 1 << 20,
             max_entries: 1024,
+            max_bundle_bytes: 64 << 30,
+            min_free_bytes: 256 << 20,
         }
     }
 }
@@ -48,6 +55,18 @@ pub enum BundleError {
     TooLarge { path: String, size: u64, limit: u64 },
     #[error("bundle has more than {0} entries")]
     TooManyEntries(usize),
+    #[error(
+        "bundle's artifacts pass {0} bytes together, over the limit ([limits] max_bundle_bytes)"
+    )]
+    BundleTooLarge(u64),
+    #[error(
+        "no room for bundle entry {path:?} ({size} bytes): {available} bytes free in the blob directory"
+    )]
+    NoSpace {
+        path: String,
+        size: u64,
+        available: u64,
+    },
     #[error("bundle has no {MANIFEST_NAME}")]
     NoManifest,
     #[error(transparent)]
@@ -86,13 +105,15 @@ pub fn ingest(
 ) -> Result<StagedImage, BundleError> {
     let mut buffered = BufReader::with_capacity(1 << 20, input);
     let head = buffered.fill_buf().map_err(read_error)?;
-    let mut reader: Box<dyn Read> = if head.starts_with(GZIP_MAGIC) {
+    let reader: Box<dyn Read> = if head.starts_with(GZIP_MAGIC) {
         Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
     } else if head.starts_with(ZSTD_MAGIC) {
         Box::new(zstd::stream::read::Decoder::with_buffer(buffered).map_err(read_error)?)
     } else {
         Box::new(buffered)
     };
+    // Extension headers are bounded before the tar parser reads them whole.
+    let mut reader = super::tar_guard::TarGuard::new(reader);
     let staged = read_archive(&mut reader, store, limits)?;
     // The tar end marker can come before the compressed stream's end (and its checksum):
     // read to the true end, so a truncated or corrupt stream is refused.
@@ -114,8 +135,11 @@ fn read_error(e: io::Error) -> BundleError {
 }
 
 struct Collected {
-    manifest_text: Option<String>,
+    /// The manifest, parsed as soon as it is read: entries after it are judged by it.
+    manifest: Option<(String, Manifest)>,
     files: BTreeMap<String, TempBlob>,
+    /// Artifact bytes staged so far.
+    staged: u64,
 }
 
 fn read_archive(
@@ -125,8 +149,9 @@ fn read_archive(
 ) -> Result<Collected, BundleError> {
     let mut archive = tar::Archive::new(reader);
     let mut collected = Collected {
-        manifest_text: None,
+        manifest: None,
         files: BTreeMap::new(),
+        staged: 0,
     };
     let mut dirs = std::collections::BTreeSet::new();
     let mut copy_buf = vec![0u8; COPY_CHUNK];
@@ -171,7 +196,7 @@ fn read_archive(
         }
         if collected.files.contains_key(&path)
             || dirs.contains(&path)
-            || (path == MANIFEST_NAME && collected.manifest_text.is_some())
+            || (path == MANIFEST_NAME && collected.manifest.is_some())
         {
             return Err(refuse("duplicate name".into()));
         }
@@ -188,14 +213,44 @@ fn read_archive(
             entry
                 .read_to_string(&mut text)
                 .map_err(|e| refuse(format!("unreadable: {e}")))?;
-            collected.manifest_text = Some(text);
+            // Refused now, not after the artifacts behind it are written.
+            let manifest = Manifest::parse(&text)?;
+            if let Some(early) = collected.files.keys().find(|p| {
+                !manifest
+                    .artifact_paths()
+                    .iter()
+                    .any(|(_, named)| *named == p.as_str())
+            }) {
+                return Err(BundleError::Unreferenced(early.clone()));
+            }
+            collected.manifest = Some((text, manifest));
             continue;
+        }
+        if let Some((_, manifest)) = &collected.manifest
+            && !manifest
+                .artifact_paths()
+                .iter()
+                .any(|(_, named)| *named == path)
+        {
+            return Err(BundleError::Unreferenced(path));
         }
         if size > limits.max_artifact_bytes {
             return Err(BundleError::TooLarge {
                 path,
                 size,
                 limit: limits.max_artifact_bytes,
+            });
+        }
+        collected.staged += size;
+        if collected.staged > limits.max_bundle_bytes {
+            return Err(BundleError::BundleTooLarge(limits.max_bundle_bytes));
+        }
+        let available = store.available_bytes().map_err(BundleError::Storage)?;
+        if size.saturating_add(limits.min_free_bytes) > available {
+            return Err(BundleError::NoSpace {
+                path,
+                size,
+                available,
             });
         }
         let mut writer = store.temp_writer().map_err(BundleError::Storage)?;
@@ -242,8 +297,7 @@ fn copy_in_large_chunks(
 
 impl Collected {
     fn finish(mut self) -> Result<StagedImage, BundleError> {
-        let manifest_text = self.manifest_text.take().ok_or(BundleError::NoManifest)?;
-        let manifest = Manifest::parse(&manifest_text)?;
+        let (manifest_text, manifest) = self.manifest.take().ok_or(BundleError::NoManifest)?;
         let mut artifacts = Vec::new();
         let mut temps = Vec::new();
         for (role, path) in manifest.artifact_paths() {

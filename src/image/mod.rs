@@ -8,3 +8,4 @@ pub mod cache;
 pub mod canonical;
 pub mod manifest;
 pub mod objects;
+pub mod tar_guard;

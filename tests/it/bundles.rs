@@ -271,3 +271,119 @@ async fn validation_and_pins_follow_their_schema() {
         refused(tar_of(&entries), 400, needle).await;
     }
 }
+
+/// A zstd bundle whose GNU long-name header declares 256 MiB of zeros: a few KB on the
+/// wire. Refused at the header, before the name is read; the answer stays small.
+#[tokio::test]
+async fn a_long_name_header_bomb_is_refused_before_it_is_read() {
+    use std::io::Write as _;
+    let declared: u64 = 256 << 20;
+    let mut header = tar::Header::new_gnu();
+    header.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    header.set_entry_type(EntryType::GNULongName);
+    header.set_size(declared);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    enc.write_all(header.as_bytes()).unwrap();
+    let zeros = vec![b'a'; 1 << 20];
+    for _ in 0..(declared >> 20) {
+        enc.write_all(&zeros).unwrap();
+    }
+    enc.write_all(&good_bundle("n", "1", b"k")).unwrap();
+    let bundle = enc.finish().unwrap();
+    assert!(bundle.len() < 100_000, "{}", bundle.len());
+    let server = TestServer::start().await;
+    let r = server
+        .post("/api/v1/images")
+        .body(bundle)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(text.len() < 4096, "{} bytes of answer", text.len());
+    assert!(text.contains("extension header declares"), "{text}");
+    server.assert_empty().await;
+    server.stop().await;
+}
+
+/// A bad manifest in front of a large artifact is refused when the manifest is read,
+/// without waiting for (or writing) the rest: the body here never finishes.
+#[tokio::test]
+async fn a_bad_manifest_is_refused_before_the_artifacts_behind_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = TestServer::start().await;
+    let mut entries = good_entries("n", "1", &noise(1 << 20, 9));
+    entries[0].data = b"name = \"n\"\nversion = \"1\"\n[boot]\nkernel = 7\n".to_vec();
+    let prefix = tar_of(&entries[..1]);
+    let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/images HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        server.token,
+        1u64 << 40
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&prefix).await.unwrap();
+    // An artifact header declaring 1 GiB, and a little of it.
+    let mut artifact = tar::Header::new_old();
+    artifact.as_old_mut().name[..7].copy_from_slice(b"vmlinuz");
+    artifact.set_size(1 << 30);
+    artifact.set_cksum();
+    tcp.write_all(artifact.as_bytes()).await.unwrap();
+    tcp.write_all(&noise(64 << 10, 3)).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(20), tcp.read(&mut answer))
+        .await
+        .expect("answered while the body was still coming")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    drop(tcp);
+    server.assert_empty().await;
+    server.stop().await;
+}
+
+/// An entry the manifest does not name is refused at its header, before it is written.
+#[tokio::test]
+async fn an_entry_after_the_manifest_that_it_does_not_name_is_refused() {
+    refused(
+        with(file("extra.bin", &noise(10_000, 5))),
+        400,
+        "not named by the manifest",
+    )
+    .await;
+}
+
+/// Artifacts are bounded together, and by the free space they must leave.
+#[tokio::test]
+async fn a_bundle_is_bounded_in_total_and_by_free_space() {
+    let server = TestServer::start_with(bootfleet::image::bundle::BundleLimits {
+        max_bundle_bytes: 50_000,
+        ..Default::default()
+    })
+    .await;
+    let (status, body) = server
+        .publish(good_bundle("n", "1", &noise(60_000, 1)))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("max_bundle_bytes"),
+        "{body}"
+    );
+    server.assert_empty().await;
+    server.stop().await;
+    let server = TestServer::start_with(bootfleet::image::bundle::BundleLimits {
+        min_free_bytes: u64::MAX / 2,
+        ..Default::default()
+    })
+    .await;
+    let (status, body) = server.publish(good_bundle("n", "1", b"k")).await;
+    assert_eq!(status, 507, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("bytes free"),
+        "{body}"
+    );
+    server.assert_empty().await;
+    server.stop().await;
+}
