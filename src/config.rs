@@ -55,6 +55,9 @@ pub struct FileConfig {
     /// `[http]`: connection caps and timeouts.
     #[serde(default)]
     pub http: crate::http::serve::HttpSettings,
+    /// `[events]`: how long the event log is kept.
+    #[serde(default)]
+    pub events: crate::events::retention::Retention,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -192,6 +195,7 @@ pub struct ServerConfig {
     pub store: StoreConfig,
     pub blobs: crate::image::objects::ObjectsConfig,
     pub http: crate::http::serve::HttpSettings,
+    pub events: crate::events::retention::Retention,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -252,6 +256,7 @@ impl ServerConfig {
             webhooks: file.webhooks,
             blobs: file.blobs,
             http: file.http,
+            events: file.events,
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),
                 ..file.store

@@ -132,7 +132,16 @@ impl Registry {
                 let digests: Vec<Digest> = new.artifacts.iter().map(|a| a.digest).collect();
                 shared.upload(&digests).await?;
             }
-            self.store.insert_image(&new).await?
+            let outcome = self.store.insert_image(&new).await?;
+            // Its blobs are whole again (a re-publish is how a broken image is repaired).
+            if matches!(
+                outcome,
+                InsertOutcome::Inserted | InsertOutcome::AlreadyPresent
+            ) {
+                let digests: Vec<Digest> = new.artifacts.iter().map(|a| a.digest).collect();
+                self.store.clear_broken_blobs(&digests).await?;
+            }
+            outcome
         };
         self.refuse_unless_publishable(&new, outcome.clone())?;
         let tag = match tag {
@@ -169,7 +178,17 @@ impl Registry {
     }
 
     pub async fn list(&self) -> Result<Vec<Image>, RegistryError> {
-        Ok(self.store.list_images().await?)
+        let broken = self.store.broken_blobs().await?;
+        let mut images = self.store.list_images().await?;
+        for image in &mut images {
+            image.broken = broken_reason(image, &broken);
+        }
+        Ok(images)
+    }
+
+    /// Why `image` cannot be booted, if a blob it needs is marked broken; None when whole.
+    pub async fn broken(&self, image: &Image) -> Result<Option<String>, RegistryError> {
+        Ok(broken_reason(image, &self.store.broken_blobs().await?))
     }
 
     pub async fn list_tags(&self) -> Result<Vec<crate::api::image::Tag>, RegistryError> {
@@ -191,7 +210,8 @@ impl Registry {
     pub async fn show(&self, r: &ImageRef) -> Result<(Image, String), RegistryError> {
         let digest = self.resolve(r).await?;
         let not_found = || RegistryError::NotFound(format!("no image {r}"));
-        let record = self.store.image(&digest).await?.ok_or_else(not_found)?;
+        let mut record = self.store.image(&digest).await?.ok_or_else(not_found)?;
+        record.broken = self.broken(&record).await?;
         let manifest = self
             .store
             .manifest_toml(&digest)
@@ -252,6 +272,11 @@ impl Registry {
             // The bucket is the copy of record: every object an image needs is re-hashed
             // (downloaded, not kept); the local cache was checked above.
             let objects = shared.verify_objects(&referenced).await?;
+            // A quarantined cache copy is refilled from the bucket: only the bucket's
+            // missing and damaged objects break images.
+            self.store
+                .mark_blobs_broken(&damaged_marks(&[], &objects.missing, &objects.damaged))
+                .await?;
             return Ok(VerifyReport {
                 checked: report.checked + objects.checked,
                 bytes: report.bytes + objects.bytes,
@@ -262,9 +287,20 @@ impl Registry {
         }
         let present: std::collections::HashSet<Digest> = self.blobs.list()?.into_iter().collect();
         let missing: Vec<Digest> = referenced
-            .into_iter()
+            .iter()
             .filter(|d| !present.contains(d))
+            .copied()
             .collect();
+        // Only referenced blobs break images; a quarantined orphan is just gone.
+        let quarantined: Vec<Digest> = report
+            .quarantined
+            .iter()
+            .filter(|d| referenced.binary_search(d).is_ok())
+            .copied()
+            .collect();
+        self.store
+            .mark_blobs_broken(&damaged_marks(&quarantined, &missing, &[]))
+            .await?;
         Ok(VerifyReport {
             checked: report.checked,
             bytes: report.bytes,
@@ -294,4 +330,33 @@ impl Registry {
             kept,
         })
     }
+}
+
+/// The reasons to mark blobs broken, by what `image verify` found.
+fn damaged_marks(
+    quarantined: &[Digest],
+    missing: &[Digest],
+    damaged_objects: &[Digest],
+) -> Vec<(Digest, String)> {
+    let mark = |list: &[Digest], why: &str| {
+        list.iter()
+            .map(|d| (*d, format!("blob {d} {why}")))
+            .collect::<Vec<_>>()
+    };
+    let mut marks = mark(quarantined, "did not match its digest and was quarantined");
+    marks.extend(mark(missing, "is missing"));
+    marks.extend(mark(damaged_objects, "is damaged in the object store"));
+    marks
+}
+
+/// The first broken blob `image` needs, as the reason it cannot boot.
+pub fn broken_reason(image: &Image, broken: &[(Digest, String)]) -> Option<String> {
+    image.artifacts.iter().find_map(|a| {
+        broken.iter().find(|(d, _)| *d == a.digest).map(|(_, why)| {
+            format!(
+                "image {} is broken: {why} ({}); publish its bundle again to repair it",
+                image.digest, a.path
+            )
+        })
+    })
 }

@@ -29,6 +29,7 @@ pub struct Server {
     pub policy: crate::node::policy::LifecyclePolicy,
     /// Connection caps and timeouts.
     pub http_settings: crate::http::serve::HttpSettings,
+    pub retention: crate::events::retention::Retention,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -97,6 +98,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         webhooks,
         policy: cfg.lifecycle.clone(),
         http_settings: cfg.http.clone(),
+        retention: cfg.events.clone(),
     })
 }
 
@@ -129,11 +131,19 @@ pub async fn run(
             ));
         }
     }
+    // The sweeper's lease also makes one server the event pruner.
+    let sweeping = lead(crate::leader::SWEEPER);
     state.tasks.spawn(crate::node::sweeper::run(
         server.store.clone(),
         state.nodes.controller.clone(),
         server.policy.clone(),
-        lead(crate::leader::SWEEPER),
+        sweeping.clone(),
+        state.stopping.clone(),
+    ));
+    state.tasks.spawn(crate::events::retention::run(
+        server.store.clone(),
+        server.retention.clone(),
+        sweeping,
         state.stopping.clone(),
     ));
     let app = router(state.clone());

@@ -283,12 +283,13 @@ fn print_images(images: &[Image]) {
             .map(|t| t.split_once(':').map_or(t.as_str(), |x| x.1))
             .collect();
         println!(
-            "{:<24} {:<20} {:<20} {:>10}  {}",
+            "{:<24} {:<20} {:<20} {:>10}  {}{}",
             i.name,
             i.version,
             tags.join(","),
             human_bytes(size),
-            i.digest
+            i.digest,
+            if i.broken.is_some() { "  BROKEN" } else { "" }
         );
     }
 }
@@ -300,6 +301,9 @@ fn print_image(d: &ImageDetail) {
     println!("digest:   {}", i.digest);
     println!("created:  {}", i.created_at);
     println!("tags:     {}", i.tags.join(", "));
+    if let Some(why) = &i.broken {
+        println!("broken:   {why}");
+    }
     println!("artifacts:");
     for a in &i.artifacts {
         println!(

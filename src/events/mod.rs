@@ -2,6 +2,7 @@
 //! (what the SSE stream sends), and delivery to webhooks (`webhook`). Events are written
 //! by the services, in the transaction of the change they report; this only reads them.
 
+pub mod retention;
 pub mod webhook;
 
 use std::collections::VecDeque;

@@ -334,6 +334,14 @@ pub trait ImageStore: Send + Sync {
     async fn list_tags(&self) -> Result<Vec<Tag>, StoreError>;
     /// Every blob digest that some image needs.
     async fn referenced_blobs(&self) -> Result<HashSet<Digest>, StoreError>;
+    /// Marks blobs broken (damaged or missing), with an `image.broken` event for each
+    /// image that needs one, in one transaction. A blob already marked is left as it is
+    /// (no second event). Returns the events written.
+    async fn mark_blobs_broken(&self, blobs: &[(Digest, String)]) -> Result<usize, StoreError>;
+    /// The blob is whole again (a re-publish restored it).
+    async fn clear_broken_blobs(&self, blobs: &[Digest]) -> Result<(), StoreError>;
+    /// Every blob marked broken, and why.
+    async fn broken_blobs(&self) -> Result<Vec<(Digest, String)>, StoreError>;
 }
 
 /// Nodes, their state history, revalidation requests, heartbeats, reimage requests.
@@ -448,6 +456,10 @@ pub trait EventStore: Send + Sync {
     ) -> Result<Vec<Event>, StoreError>;
     /// The newest event's seq (0 when there is none).
     async fn events_head(&self) -> Result<i64, StoreError>;
+    /// Deletes up to `batch` of the oldest events that are older than `before_ms` or
+    /// past the newest `keep` ones; never the newest event, so numbering never restarts.
+    /// Returns how many went.
+    async fn prune_events(&self, before_ms: i64, keep: i64, batch: i64) -> Result<u64, StoreError>;
     /// Changes whenever this process commits events. Other servers sharing the database
     /// are not seen here: readers also poll.
     fn subscribe_events(&self) -> tokio::sync::watch::Receiver<u64>;

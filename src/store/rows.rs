@@ -231,6 +231,8 @@ pub(crate) fn image(
             })
             .collect::<Result<_, StoreError>>()?,
         tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+        // Filled by the registry from `broken_blobs`.
+        broken: None,
     })
 }
 

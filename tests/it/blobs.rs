@@ -129,7 +129,7 @@ async fn serves_whole_ranges_and_conditionals() {
 }
 
 #[tokio::test]
-async fn verify_quarantines_corrupt_blobs_which_are_never_served() {
+async fn verify_quarantines_corrupt_blobs_and_their_images_are_never_handed_out() {
     let server = TestServer::start().await;
     let kernel = b"a kernel that will rot".to_vec();
     let hex = publish_kernel(&server, &kernel).await;
@@ -155,9 +155,53 @@ async fn verify_quarantines_corrupt_blobs_which_are_never_served() {
             .exists()
     );
 
-    // Publishing the image again restores the blob.
+    // The image is broken: listed so, an event says so, and no node is handed it.
+    let (_, images) = server.json("/api/v1/images").await;
+    let broken = images[0]["broken"].as_str().unwrap_or_default().to_string();
+    assert!(
+        broken.contains("quarantined") && broken.contains(&hex),
+        "{images}"
+    );
+    let (_, page) = server.json("/api/v1/events").await;
+    let kinds: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "image.broken").count(),
+        1,
+        "{page}"
+    );
+    // A second verify finds the same: no second event.
+    server.post_json("/api/v1/blobs/verify").await;
+    let (_, page) = server.json("/api/v1/events").await;
+    assert_eq!(page["events"].as_array().unwrap().len(), kinds.len());
+    server.assign("52:54:00:00:00:0b", "n:1").await;
+    let script = reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-0b"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        script.contains("is broken") && !script.contains("\nkernel "),
+        "{script}"
+    );
+
+    // Publishing the image again restores the blob, and the image.
     let (status, _) = server.publish(good_bundle("n", "1", &kernel)).await;
     assert_eq!(status, 200);
+    let (_, images) = server.json("/api/v1/images").await;
+    assert!(images[0].get("broken").is_none(), "{images}");
+    let script = reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-0b"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(script.contains("\nkernel "), "{script}");
     let r = reqwest::get(server.url(&format!("/blobs/sha256/{hex}")))
         .await
         .unwrap();

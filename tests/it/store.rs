@@ -61,6 +61,7 @@ on_both!(
     one_publish_of_a_version_wins,
     every_write_is_seen_by_the_next_dhcp_read,
     leases_fetches_tags_and_idempotency_keys_round_trip,
+    events_are_pruned_oldest_first_and_numbering_goes_on,
 );
 
 fn mac(i: u32) -> Mac {
@@ -514,6 +515,18 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         KeyClaim::Claimed
     );
     other.close().await;
+    // Broken blobs: marked once, listed, cleared by a re-publish.
+    let rot = Digest::of(b"rotten");
+    let marks = [(rot, "blob is missing".to_string())];
+    assert_eq!(
+        store.mark_blobs_broken(&marks).await.unwrap(),
+        0,
+        "no image needs it"
+    );
+    store.mark_blobs_broken(&marks).await.unwrap();
+    assert_eq!(store.broken_blobs().await.unwrap(), marks.to_vec());
+    store.clear_broken_blobs(&[rot]).await.unwrap();
+    assert_eq!(store.broken_blobs().await.unwrap(), vec![]);
     let seen: BTreeSet<_> = store
         .nodes()
         .await
@@ -522,6 +535,35 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         .map(|n| n.mac)
         .collect();
     assert!(seen.contains(&m));
+    store.close().await;
+}
+
+async fn events_are_pruned_oldest_first_and_numbering_goes_on(db: Db) {
+    let store = db.open().await;
+    let data = serde_json::json!({});
+    for _ in 0..20 {
+        store.record_event("test", None, &data).await.unwrap();
+    }
+    let head = store.events_head().await.unwrap();
+    // By count, in batches: 15 go, the newest 5 stay.
+    assert_eq!(store.prune_events(0, 5, 10).await.unwrap(), 10);
+    assert_eq!(store.prune_events(0, 5, 10).await.unwrap(), 5);
+    assert_eq!(store.prune_events(0, 5, 10).await.unwrap(), 0);
+    let left: Vec<i64> = store
+        .events_since(0, 100, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(left, ((head - 4)..=head).collect::<Vec<_>>());
+    // By age: everything before now, except the newest event.
+    let later = bootfleet::clock::now_ms() + 1000;
+    assert_eq!(store.prune_events(later, 1_000_000, 100).await.unwrap(), 4);
+    assert_eq!(store.events_head().await.unwrap(), head);
+    // Numbering goes on after the newest, never restarting.
+    store.record_event("test", None, &data).await.unwrap();
+    assert_eq!(store.events_head().await.unwrap(), head + 1);
     store.close().await;
 }
 

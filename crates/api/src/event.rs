@@ -12,6 +12,9 @@ pub mod kind {
     pub const REPORT_REFUSED: &str = "report.refused";
     /// A reimage request was refused by the disruption budget: `{reason}`.
     pub const REIMAGE_REFUSED: &str = "reimage.refused";
+    /// An image needs a blob `image verify` found damaged or missing; no node is handed
+    /// it until a re-publish restores the blob: `{image, name, version, blob, reason}`.
+    pub const IMAGE_BROKEN: &str = "image.broken";
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +60,16 @@ pub struct ReimageRefusedData {
     pub reason: String,
     /// The request's own reason.
     pub request: String,
+}
+
+/// `data` of an `image.broken` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageBrokenData {
+    pub image: crate::Digest,
+    pub name: String,
+    pub version: String,
+    pub blob: crate::Digest,
+    pub reason: String,
 }
 
 /// The body of one webhook delivery (signed; see the server's `webhook` module).

@@ -52,6 +52,10 @@ pub struct Image {
     pub artifacts: Vec<Artifact>,
     /// Tags currently pointing here, as `name:tag`.
     pub tags: Vec<String>,
+    /// Why the image cannot be booted (a blob `image verify` found damaged or missing);
+    /// absent when whole. A re-publish of the bundle restores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broken: Option<String>,
 }
 
 /// `GET /api/v1/images/{ref}`: the image and its manifest as the admin wrote it.

@@ -139,9 +139,8 @@ impl NodeService {
         }
         let boot_id = random_hex(8);
         let image = match self.resolve_image(server, &assigned, &boot_id).await? {
-            Some(image) => image,
-            None => {
-                let reason = format!("assigned image {assigned} is not published");
+            Ok(image) => image,
+            Err(reason) => {
                 tracing::warn!(%mac, reason, "cannot boot node");
                 return Ok(self
                     .templates
@@ -178,19 +177,26 @@ impl NodeService {
         server: &str,
         assigned: &str,
         boot_id: &str,
-    ) -> Result<Option<ImageBoot>, BootError> {
+    ) -> Result<Result<ImageBoot, String>, BootError> {
+        let unpublished = || Ok(Err(format!("assigned image {assigned} is not published")));
         let Ok(reference) = ImageRef::parse(assigned) else {
-            return Ok(None);
+            return unpublished();
         };
         let Some(digest) = self.store.resolve(&reference).await? else {
-            return Ok(None);
+            return unpublished();
         };
         let Some(image) = self.image(&digest).await? else {
-            return Ok(None);
+            return unpublished();
         };
+        // An image missing a blob is never handed out: the node would 404, retry and
+        // reboot in a loop. It waits, held, with the reason.
+        let broken = self.store.broken_blobs().await?;
+        if let Some(why) = crate::registry::broken_reason(&image.record, &broken) {
+            return Ok(Err(why));
+        }
         let artifacts = &image.record.artifacts;
         let Some(kernel) = artifacts.iter().find(|a| a.role == Role::Kernel) else {
-            return Ok(None);
+            return unpublished();
         };
         let initrds = artifacts
             .iter()
@@ -202,7 +208,7 @@ impl NodeService {
                 url: blob_url(server, &a.digest, boot_id),
             })
             .collect();
-        Ok(Some(ImageBoot {
+        Ok(Ok(ImageBoot {
             name: image.record.name.clone(),
             version: image.record.version.clone(),
             digest,

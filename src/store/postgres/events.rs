@@ -81,6 +81,23 @@ impl EventStore for PgStore {
         };
         rows::events(rows)
     }
+    async fn prune_events(&self, before_ms: i64, keep: i64, batch: i64) -> Result<u64, StoreError> {
+        // The oldest first, so the scan stops early; the newest row always stays.
+        let gone = sqlx::query(
+            "DELETE FROM events WHERE seq IN (
+                 SELECT seq FROM events
+                 WHERE (at_ms < $1 OR seq <= (SELECT MAX(seq) FROM events) - $2)
+                   AND seq < (SELECT MAX(seq) FROM events)
+                 ORDER BY seq LIMIT $3)",
+        )
+        .bind(before_ms)
+        .bind(keep)
+        .bind(batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(gone)
+    }
     async fn events_head(&self) -> Result<i64, StoreError> {
         let (head,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM events")
             .fetch_one(&self.pool)

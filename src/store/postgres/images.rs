@@ -207,6 +207,81 @@ impl ImageStore for PgStore {
                 .await?;
         rows.into_iter().map(|(d,)| parse_digest(&d)).collect()
     }
+    async fn mark_blobs_broken(&self, blobs: &[(Digest, String)]) -> Result<usize, StoreError> {
+        if blobs.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.tx().await?;
+        let now = now_ms();
+        let mut events = 0;
+        for (blob, reason) in blobs {
+            let new = sqlx::query(
+                "INSERT INTO broken_blobs (digest, reason, at_ms) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING",
+            )
+            .bind(blob.to_string())
+            .bind(reason)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if !new {
+                continue;
+            }
+            let images: Vec<(String, String, String)> = sqlx::query_as(
+                "SELECT DISTINCT i.digest, i.name, i.version FROM images i
+                 JOIN image_artifacts a ON a.image_digest = i.digest WHERE a.blob_digest = $1
+                 ORDER BY i.digest",
+            )
+            .bind(blob.to_string())
+            .fetch_all(&mut *tx)
+            .await?;
+            for (image, name, version) in images {
+                let data = crate::api::event::ImageBrokenData {
+                    image: parse_digest(&image)?,
+                    name,
+                    version,
+                    blob: *blob,
+                    reason: reason.clone(),
+                };
+                super::events::insert_event(
+                    &mut tx,
+                    crate::api::event::kind::IMAGE_BROKEN,
+                    None,
+                    &data,
+                    now,
+                )
+                .await?;
+                events += 1;
+            }
+        }
+        tx.commit().await?;
+        self.notify_events();
+        Ok(events)
+    }
+    async fn clear_broken_blobs(&self, blobs: &[Digest]) -> Result<(), StoreError> {
+        if blobs.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.tx().await?;
+        for blob in blobs {
+            sqlx::query("DELETE FROM broken_blobs WHERE digest = $1")
+                .bind(blob.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+    async fn broken_blobs(&self) -> Result<Vec<(Digest, String)>, StoreError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT digest, reason FROM broken_blobs ORDER BY digest")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter()
+            .map(|(d, reason)| Ok((parse_digest(&d)?, reason)))
+            .collect()
+    }
 }
 
 /// The checks an insert makes; `Inserted` means "nothing stands in the way".

@@ -70,6 +70,24 @@ impl EventStore for SqliteStore {
         rows::events(rows)
     }
     /// The newest event's seq (0 when there is none).
+    async fn prune_events(&self, before_ms: i64, keep: i64, batch: i64) -> Result<u64, StoreError> {
+        let _gate = self.write_gate().await;
+        // The oldest first, so the scan stops early; the newest row always stays.
+        let gone = sqlx::query(
+            "DELETE FROM events WHERE seq IN (
+                 SELECT seq FROM events
+                 WHERE (at_ms < ? OR seq <= (SELECT MAX(seq) FROM events) - ?)
+                   AND seq < (SELECT MAX(seq) FROM events)
+                 ORDER BY seq LIMIT ?)",
+        )
+        .bind(before_ms)
+        .bind(keep)
+        .bind(batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(gone)
+    }
     async fn events_head(&self) -> Result<i64, StoreError> {
         let (head,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM events")
             .fetch_one(&self.pool)
