@@ -58,6 +58,9 @@ pub struct FileConfig {
     /// `[events]`: how long the event log is kept.
     #[serde(default)]
     pub events: crate::events::retention::Retention,
+    /// `[discovery]`: what unknown MACs may add.
+    #[serde(default)]
+    pub discovery: crate::node::policy::DiscoveryPolicy,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -196,6 +199,7 @@ pub struct ServerConfig {
     pub blobs: crate::image::objects::ObjectsConfig,
     pub http: crate::http::serve::HttpSettings,
     pub events: crate::events::retention::Retention,
+    pub discovery: crate::node::policy::DiscoveryPolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +261,7 @@ impl ServerConfig {
             blobs: file.blobs,
             http: file.http,
             events: file.events,
+            discovery: file.discovery,
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),
                 ..file.store

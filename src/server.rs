@@ -64,7 +64,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         }
         registry = registry.with_objects(objects, cfg.blobs.cache_max_bytes);
     }
-    let controller = crate::node::controller::NodeController::new(store.clone());
+    let controller = crate::node::controller::NodeController::new(store.clone())
+        .with_discovery_cap(cfg.discovery.max_unassigned);
     let nodes = crate::node::service::NodeService {
         store: store.clone(),
         registry: registry.clone(),

@@ -117,6 +117,7 @@ pub async fn get_blob(
                     boot,
                     digest,
                     status == StatusCode::OK,
+                    start,
                     count,
                     chunks,
                 )),

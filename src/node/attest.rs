@@ -28,31 +28,54 @@ pub struct Expected<'a> {
 /// What one boot's downloads of one blob carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Received {
-    /// Bytes sent, over all responses (a resumed download is several ranges).
+    /// Distinct bytes of the blob sent, over all responses (a resumed download is
+    /// several ranges; the same range twice counts once).
     pub bytes: u64,
     /// One response sent the whole blob, to its last byte.
     pub whole: bool,
 }
 
 impl Received {
-    /// Sums a boot's downloads per blob.
+    /// A boot's downloads per blob, counting each byte of the blob once.
     pub fn tally<'a>(
         fetches: impl IntoIterator<Item = &'a crate::store::Fetch>,
     ) -> BTreeMap<Digest, Received> {
+        let mut ranges: BTreeMap<Digest, Vec<(u64, u64)>> = BTreeMap::new();
         let mut out: BTreeMap<Digest, Received> = BTreeMap::new();
         for f in fetches {
             let r = out.entry(f.digest).or_default();
-            r.bytes += f.bytes;
             r.whole |= f.whole && f.finished_at_ms.is_some();
+            ranges
+                .entry(f.digest)
+                .or_default()
+                .push((f.offset, f.offset.saturating_add(f.bytes)));
+        }
+        for (digest, spans) in ranges {
+            out.entry(digest).or_default().bytes = covered(spans);
         }
         out
     }
 
     /// Whether a blob of `size` bytes reached the boot: one whole response, or ranges
-    /// adding up to it.
+    /// covering it.
     pub fn complete(&self, size: u64) -> bool {
         self.whole || self.bytes >= size
     }
+}
+
+/// The length of the union of half-open byte ranges.
+fn covered(mut spans: Vec<(u64, u64)>) -> u64 {
+    spans.sort_unstable();
+    let mut total = 0;
+    let mut reach = 0;
+    for (start, end) in spans {
+        let start = start.max(reach);
+        if end > start {
+            total += end - start;
+            reach = end;
+        }
+    }
+    total
 }
 
 pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
@@ -144,6 +167,28 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_same_range_twice_is_not_the_whole() {
+        let part = |offset, bytes| crate::store::Fetch {
+            digest: Digest::of(b"kernel"),
+            started_at_ms: 0,
+            finished_at_ms: Some(1),
+            offset,
+            bytes,
+            whole: false,
+        };
+        let tally =
+            |fetches: &[crate::store::Fetch]| Received::tally(fetches)[&Digest::of(b"kernel")];
+        // The first half of 1000 bytes, twice: 500 distinct bytes.
+        assert!(!tally(&[part(0, 500), part(0, 500)]).complete(1000));
+        // Overlapping ranges that do cover it, in any order.
+        assert!(tally(&[part(400, 600), part(0, 500)]).complete(1000));
+        assert_eq!(
+            tally(&[part(0, 500), part(600, 100), part(550, 100)]).bytes,
+            650
+        );
+    }
     use super::*;
 
     fn pins() -> BTreeMap<String, String> {

@@ -30,11 +30,27 @@ const CAS_ATTEMPTS: usize = 5;
 #[derive(Clone)]
 pub struct NodeController {
     store: Store,
+    /// New MACs are not recorded while this many nodes are discovered and unassigned.
+    discovery_cap: Option<i64>,
 }
+
+/// MACs not recorded because the discovery cap was reached.
+static PAST_THE_CAP: super::sampled::Sampled = super::sampled::Sampled::new(
+    "new MACs not recorded: [discovery] max_unassigned nodes are waiting for an image",
+);
 
 impl NodeController {
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            discovery_cap: None,
+        }
+    }
+
+    /// Bounds what unauthenticated traffic (DHCP, boot requests for made-up MACs) can add.
+    pub fn with_discovery_cap(mut self, cap: u64) -> Self {
+        self.discovery_cap = Some(i64::try_from(cap).unwrap_or(i64::MAX));
+        self
     }
 
     /// Applies `event` to the node's current state, recording `reason`.
@@ -79,19 +95,27 @@ impl NodeController {
         Err(ControlError::Contended(*mac))
     }
 
-    /// Records `mac` as discovered unless it is known (keeping the newest UUID its
-    /// firmware sent); returns the node and whether it is new.
+    /// Records `mac` as discovered unless it is known (keeping the first UUID its
+    /// firmware sent); returns the node and whether it is new, or None for a new MAC past
+    /// the discovery cap (not recorded).
     pub async fn discover(
         &self,
         mac: &Mac,
         uuid: Option<&str>,
         reason: &str,
-    ) -> Result<(NodeRecord, bool), StoreError> {
-        let (node, new) = self.store.discover(mac, uuid, reason).await?;
+    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
+        let Some((node, new)) = self
+            .store
+            .discover_within(mac, uuid, reason, self.discovery_cap)
+            .await?
+        else {
+            PAST_THE_CAP.note();
+            return Ok(None);
+        };
         if new {
             tracing::info!(%mac, reason, "node discovered");
         }
-        Ok((node, new))
+        Ok(Some((node, new)))
     }
 
     /// Moves the node to reimaging if `rule` (the disruption budget) allows it, deciding

@@ -32,16 +32,20 @@ pub struct StoreDirectory {
 #[async_trait]
 impl NodeDirectory for StoreDirectory {
     async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> Option<NodeView> {
+        // A known node with a UUID is answered from memory: the first UUID is kept, so
+        // a packet naming another one would change nothing.
         let known = match self.store.node_for_dhcp(&mac).await {
-            Ok(Some(node)) if uuid.is_none() || node.uuid.as_deref() == uuid => Ok(node),
+            Ok(Some(node)) if uuid.is_none() || node.uuid.is_some() => Ok(Some(node)),
             _ => self
                 .controller
                 .discover(&mac, uuid, "first seen in DHCP")
                 .await
-                .map(|(node, _)| node),
+                .map(|found| found.map(|(node, _)| node)),
         };
         match known {
-            Ok(node) => Some(NodeView {
+            // Past the discovery cap: not recorded, not answered.
+            Ok(None) => None,
+            Ok(Some(node)) => Some(NodeView {
                 bootable: node.assigned.is_some() && node.state != NodeState::Quarantined,
                 local_boot: boots_locally(&node.labels),
                 chainload: wants_chainload(&node.labels),

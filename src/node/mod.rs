@@ -7,6 +7,7 @@ pub mod directory;
 pub mod drift;
 pub mod policy;
 pub mod reimage;
+pub mod sampled;
 pub mod service;
 pub mod state;
 pub mod sweeper;

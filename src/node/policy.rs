@@ -139,6 +139,24 @@ impl LifecyclePolicy {
     }
 }
 
+/// `[discovery]` in the settings file: what unknown MACs may add.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryPolicy {
+    /// New MACs (from DHCP or boot requests) are not recorded while this many nodes are
+    /// discovered and not yet assigned an image; admins' `assign` always records
+    /// [default: 20000].
+    pub max_unassigned: u64,
+}
+
+impl Default for DiscoveryPolicy {
+    fn default() -> Self {
+        Self {
+            max_unassigned: 20_000,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

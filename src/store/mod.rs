@@ -256,6 +256,9 @@ pub struct Fetch {
     pub started_at_ms: i64,
     /// None: the connection ended before the last byte.
     pub finished_at_ms: Option<i64>,
+    /// Where in the blob the response started (a range's first byte; 0 for the whole).
+    pub offset: u64,
+    /// Bytes sent, from `offset` on.
     pub bytes: u64,
     /// The whole blob in one response (not a range).
     pub whole: bool,
@@ -362,7 +365,20 @@ pub trait NodeStore: Send + Sync {
         mac: &Mac,
         uuid: Option<&str>,
         reason: &str,
-    ) -> Result<(NodeRecord, bool), StoreError>;
+    ) -> Result<(NodeRecord, bool), StoreError> {
+        self.discover_within(mac, uuid, reason, None)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} was not recorded")))
+    }
+    /// As `discover`, but a new MAC is not recorded (None) while `cap` or more nodes are
+    /// discovered and unassigned.
+    async fn discover_within(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+        reason: &str,
+        cap: Option<i64>,
+    ) -> Result<Option<(NodeRecord, bool)>, StoreError>;
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError>;
     /// Sets and removes labels in one write; None if the node is unknown.

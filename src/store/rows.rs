@@ -148,16 +148,17 @@ pub(crate) fn leases(rows: Vec<(String, String, i64)>) -> Result<Vec<LeaseRow>, 
         .collect()
 }
 
-/// `digest, started_at_ms, finished_at_ms, bytes, whole` of `boot_fetches`.
-pub(crate) type FetchRow = (String, i64, Option<i64>, i64, bool);
+/// `digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole` of `boot_fetches`.
+pub(crate) type FetchRow = (String, i64, Option<i64>, i64, i64, bool);
 
 pub(crate) fn fetches(rows: Vec<FetchRow>) -> Result<Vec<Fetch>, StoreError> {
     rows.into_iter()
-        .map(|(d, started, finished, bytes, whole)| {
+        .map(|(d, started, finished, offset, bytes, whole)| {
             Ok(Fetch {
                 digest: parse_digest(&d)?,
                 started_at_ms: started,
                 finished_at_ms: finished,
+                offset: offset.max(0) as u64,
                 bytes: bytes.max(0) as u64,
                 whole,
             })

@@ -241,7 +241,12 @@ fn only_the_controller_writes_node_state() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
-    let writes = [".set_state(", ".discover(", ".request_reimage("];
+    let writes = [
+        ".set_state(",
+        ".discover(",
+        ".discover_within(",
+        ".request_reimage(",
+    ];
     let mut found = Vec::new();
     for file in files {
         let rel = file

@@ -566,3 +566,30 @@ async fn overlapping_tries_with_one_key_get_one_answer() {
     }
     server.stop().await;
 }
+
+/// Unknown MACs cannot grow the node table without bound: past `[discovery]
+/// max_unassigned` a new MAC gets the unknown-node script and is not recorded.
+#[tokio::test]
+async fn new_macs_past_the_discovery_cap_are_answered_but_not_recorded() {
+    let server = TestServer::start_configured(|cfg| cfg.discovery.max_unassigned = 2).await;
+    for i in 1..=5 {
+        let (status, text) =
+            script(&server, &format!("/boot/node.ipxe?mac=52-54-00-00-0c-0{i}")).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let (_, nodes) = server.json("/api/v1/nodes").await;
+    let macs: Vec<&str> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["mac"].as_str().unwrap())
+        .collect();
+    assert_eq!(macs, ["52:54:00:00:0c:01", "52:54:00:00:0c:02"]);
+    // An admin's registration is not capped.
+    let (status, body) = server.publish(good_bundle("demo", "1", b"kernel")).await;
+    assert_eq!(status, 201, "{body}");
+    server.assign("52:54:00:00:0c:09", "demo:1").await;
+    let (_, nodes) = server.json("/api/v1/nodes").await;
+    assert_eq!(nodes.as_array().unwrap().len(), 3);
+    server.stop().await;
+}

@@ -62,6 +62,7 @@ on_both!(
     every_write_is_seen_by_the_next_dhcp_read,
     leases_fetches_tags_and_idempotency_keys_round_trip,
     events_are_pruned_oldest_first_and_numbering_goes_on,
+    new_macs_stop_being_recorded_at_the_discovery_cap,
 );
 
 fn mac(i: u32) -> Mac {
@@ -442,6 +443,7 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         digest,
         started_at_ms: 5,
         finished_at_ms: Some(9),
+        offset: 7,
         bytes: 42,
         whole: true,
     };
@@ -564,6 +566,42 @@ async fn events_are_pruned_oldest_first_and_numbering_goes_on(db: Db) {
     // Numbering goes on after the newest, never restarting.
     store.record_event("test", None, &data).await.unwrap();
     assert_eq!(store.events_head().await.unwrap(), head + 1);
+    store.close().await;
+}
+
+async fn new_macs_stop_being_recorded_at_the_discovery_cap(db: Db) {
+    let store = db.open().await;
+    let cap = Some(2);
+    for i in 0..2 {
+        let found = store
+            .discover_within(&mac(300 + i), None, "t", cap)
+            .await
+            .unwrap();
+        assert!(found.unwrap().1, "new");
+    }
+    assert!(
+        store
+            .discover_within(&mac(302), None, "t", cap)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Known MACs are answered at the cap; an assignment makes room.
+    let (_, new) = store
+        .discover_within(&mac(300), None, "t", cap)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!new);
+    store.assign(&mac(300), "demo:1").await.unwrap();
+    assert!(
+        store
+            .discover_within(&mac(302), None, "t", cap)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(store.nodes().await.unwrap().len(), 3);
     store.close().await;
 }
 

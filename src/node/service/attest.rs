@@ -3,8 +3,6 @@
 //! booted; then the pure judgement, the stored verdict and the state change. A boot is
 //! judged once: a retry gets the stored verdict.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -58,29 +56,12 @@ pub struct Caller {
     boot: crate::store::BootForAttest,
 }
 
-/// Unknown-token refusals not yet logged, and when the last log line went out.
-static UNKNOWN_TOKENS: AtomicU64 = AtomicU64::new(0);
-static UNKNOWN_LOGGED_MS: AtomicI64 = AtomicI64::new(0);
-const UNKNOWN_LOG_EVERY_MS: i64 = 10_000;
+static UNKNOWN_TOKENS: crate::node::sampled::Sampled =
+    crate::node::sampled::Sampled::new("agent calls refused: boot token unknown");
 
-/// Counts a refused unknown token, logging the count at most every 10 s: a flood of
-/// forged tokens costs neither the log nor the database.
+/// Counts a refused unknown token (logged as a count, never as an event row).
 fn unknown_token() -> AttestError {
-    UNKNOWN_TOKENS.fetch_add(1, Ordering::Relaxed);
-    let now = crate::clock::now_ms();
-    let last = UNKNOWN_LOGGED_MS.load(Ordering::Relaxed);
-    if now - last >= UNKNOWN_LOG_EVERY_MS
-        && UNKNOWN_LOGGED_MS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        let refused = UNKNOWN_TOKENS.swap(0, Ordering::Relaxed);
-        tracing::warn!(
-            security = true,
-            refused,
-            "agent calls refused: boot token unknown"
-        );
-    }
+    UNKNOWN_TOKENS.note();
     Refusal::BadToken.into()
 }
 

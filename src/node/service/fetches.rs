@@ -96,12 +96,14 @@ impl FetchRecorder {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Wraps a blob body of `len` bytes so its progress is recorded for `boot`.
+    /// Wraps a blob body of `len` bytes from `offset` so its progress is recorded for
+    /// `boot`.
     pub fn track<S>(
         &self,
         boot: String,
         digest: Digest,
         whole: bool,
+        offset: u64,
         len: u64,
         body: S,
     ) -> Tracked<S> {
@@ -114,6 +116,7 @@ impl FetchRecorder {
                 digest,
                 started_at_ms: crate::clock::now_ms(),
                 finished_at_ms: None,
+                offset,
                 bytes: 0,
                 whole,
             },

@@ -108,17 +108,21 @@ impl NodeService {
         mac: &Mac,
         uuid: Option<&str>,
     ) -> Result<String, BootError> {
-        let (node, new) = self
+        let hyphens = mac.to_string().replace(':', "-");
+        let Some((node, new)) = self
             .controller
             .discover(mac, uuid, "first seen network-booting")
-            .await?;
+            .await?
+        else {
+            // Past the discovery cap: the unknown script, nothing recorded.
+            return Ok(self.templates.unknown(server, &hyphens)?);
+        };
         if let (Some(seen), Some(kept)) = (uuid, node.uuid.as_deref())
             && !seen.eq_ignore_ascii_case(kept)
         {
             // A replaced board, or a host asking in another node's name.
             tracing::warn!(security = true, %mac, seen, kept, "boot request names another UUID than the node's; the first one seen is kept");
         }
-        let hyphens = mac.to_string().replace(':', "-");
         if new {
             return Ok(self.templates.unknown(server, &hyphens)?);
         }

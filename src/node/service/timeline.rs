@@ -159,6 +159,7 @@ mod tests {
             digest: Digest::of(what),
             started_at_ms: start,
             finished_at_ms: end,
+            offset: 0,
             bytes,
             whole,
         }

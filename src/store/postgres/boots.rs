@@ -39,15 +39,16 @@ impl BootStore for PgStore {
             return Ok(0);
         }
         let recorded = sqlx::query(
-            "INSERT INTO boot_fetches (boot_id, digest, started_at_ms, finished_at_ms, bytes, whole)
-             SELECT f.* FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::boolean[])
-                 AS f(boot_id, digest, started_at_ms, finished_at_ms, bytes, whole)
+            "INSERT INTO boot_fetches (boot_id, digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole)
+             SELECT f.* FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
+                 AS f(boot_id, digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole)
              WHERE EXISTS (SELECT 1 FROM boots WHERE id = f.boot_id)",
         )
         .bind(fetches.iter().map(|(b, _)| b.clone()).collect::<Vec<_>>())
         .bind(fetches.iter().map(|(_, f)| f.digest.to_string()).collect::<Vec<_>>())
         .bind(fetches.iter().map(|(_, f)| f.started_at_ms).collect::<Vec<_>>())
         .bind(fetches.iter().map(|(_, f)| f.finished_at_ms).collect::<Vec<_>>())
+        .bind(fetches.iter().map(|(_, f)| f.offset as i64).collect::<Vec<_>>())
         .bind(fetches.iter().map(|(_, f)| f.bytes as i64).collect::<Vec<_>>())
         .bind(fetches.iter().map(|(_, f)| f.whole).collect::<Vec<_>>())
         .execute(&self.pool)
@@ -57,7 +58,7 @@ impl BootStore for PgStore {
     }
     async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
         let rows: Vec<rows::FetchRow> = sqlx::query_as(
-            "SELECT digest, started_at_ms, finished_at_ms, bytes, whole FROM boot_fetches WHERE boot_id = $1 ORDER BY id",
+            "SELECT digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole FROM boot_fetches WHERE boot_id = $1 ORDER BY id",
         )
         .bind(boot_id)
         .fetch_all(&self.pool)

@@ -142,14 +142,32 @@ impl NodeStore for PgStore {
             .await?;
         rows::nodes(rows)
     }
-    async fn discover(
+    async fn discover_within(
         &self,
         mac: &Mac,
         uuid: Option<&str>,
         reason: &str,
-    ) -> Result<(NodeRecord, bool), StoreError> {
+        cap: Option<i64>,
+    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
         let mut tx = self.tx().await?;
         let now = now_ms();
+        if let Some(cap) = cap {
+            let known: Option<(i64,)> =
+                sqlx::query_as("SELECT 1::BIGINT FROM nodes WHERE mac = $1")
+                    .bind(mac.to_string())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if known.is_none() {
+                let (unassigned,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM nodes WHERE state = 'discovered' AND assigned_ref IS NULL",
+                )
+                .fetch_one(&mut *tx)
+                .await?;
+                if unassigned >= cap {
+                    return Ok(None);
+                }
+            }
+        }
         let inserted = sqlx::query(
             "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
              VALUES ($1, $2, '{}', $3, $4, 1, $5, $5) ON CONFLICT (mac) DO NOTHING",
@@ -178,7 +196,7 @@ impl NodeStore for PgStore {
         if inserted {
             self.notify_events();
         }
-        Ok((written(&self.pool, mac).await?, inserted))
+        Ok(Some((written(&self.pool, mac).await?, inserted)))
     }
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;

@@ -45,13 +45,14 @@ impl BootStore for SqliteStore {
         let mut recorded = 0;
         for (boot_id, fetch) in fetches {
             recorded += sqlx::query(
-                "INSERT INTO boot_fetches (boot_id, digest, started_at_ms, finished_at_ms, bytes, whole)
-                 SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM boots WHERE id = ?)",
+                "INSERT INTO boot_fetches (boot_id, digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole)
+                 SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM boots WHERE id = ?)",
             )
             .bind(boot_id)
             .bind(fetch.digest.to_string())
             .bind(fetch.started_at_ms)
             .bind(fetch.finished_at_ms)
+            .bind(fetch.offset as i64)
             .bind(fetch.bytes as i64)
             .bind(fetch.whole)
             .bind(boot_id)
@@ -64,7 +65,7 @@ impl BootStore for SqliteStore {
     }
     async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError> {
         let rows: Vec<rows::FetchRow> = sqlx::query_as(
-            "SELECT digest, started_at_ms, finished_at_ms, bytes, whole FROM boot_fetches WHERE boot_id = ? ORDER BY id",
+            "SELECT digest, started_at_ms, finished_at_ms, offset_bytes, bytes, whole FROM boot_fetches WHERE boot_id = ? ORDER BY id",
         )
         .bind(boot_id)
         .fetch_all(&self.pool)

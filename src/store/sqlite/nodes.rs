@@ -141,15 +141,31 @@ impl NodeStore for SqliteStore {
             .await?;
         rows::nodes(rows)
     }
-    /// Records `mac` as discovered unless known; returns the node and whether it is new.
-    async fn discover(
+    async fn discover_within(
         &self,
         mac: &Mac,
         uuid: Option<&str>,
         reason: &str,
-    ) -> Result<(NodeRecord, bool), StoreError> {
+        cap: Option<i64>,
+    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
+        if let Some(cap) = cap {
+            let known: Option<(i64,)> = sqlx::query_as("SELECT 1 FROM nodes WHERE mac = ?")
+                .bind(mac.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if known.is_none() {
+                let (unassigned,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM nodes WHERE state = 'discovered' AND assigned_ref IS NULL",
+                )
+                .fetch_one(&mut *tx)
+                .await?;
+                if unassigned >= cap {
+                    return Ok(None);
+                }
+            }
+        }
         let inserted = sqlx::query(
             "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
              VALUES (?, ?, '{}', ?, ?, 1, ?, ?) ON CONFLICT (mac) DO NOTHING",
@@ -184,7 +200,7 @@ impl NodeStore for SqliteStore {
             .node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
-        Ok((node, inserted))
+        Ok(Some((node, inserted)))
     }
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
