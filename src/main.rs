@@ -8,11 +8,18 @@ async fn main() -> std::process::ExitCode {
     if !matches!(cli.command, bootfleet::cli::Command::Serve(_)) {
         quiet_on_closed_pipe();
     }
+    let output = cli.output;
     match bootfleet::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            let (code, class, status) = bootfleet::cli::client::classify(&e);
+            if output == bootfleet::cli::OutputFormat::Json {
+                let error = serde_json::json!({ "error": format!("{e:#}"), "class": class, "status": status });
+                eprintln!("{error}");
+            } else {
+                eprintln!("error: {e:#}");
+            }
+            std::process::ExitCode::from(code)
         }
     }
 }

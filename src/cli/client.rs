@@ -1,18 +1,79 @@
 //! The admin HTTP client: base URL, bearer token, and server errors turned into messages.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use reqwest::{RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
 use crate::auth::{AdminToken, TOKEN_FILE_NAME};
-use crate::config::DEFAULT_DATA_DIR;
+use crate::config::{DEFAULT_DATA_DIR, DEFAULT_SERVER_URL, FileConfig};
 
 pub struct Client {
     pub http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// Where the token came from, named when the server refuses it.
+    token_source: String,
+}
+
+/// The server an admin command talks to and the token it presents, each from a flag or
+/// the environment, else from the server's settings file (`--config`), else defaults.
+pub struct Target {
+    pub server: String,
+    pub token: Option<String>,
+    pub token_source: String,
+}
+
+impl Target {
+    pub fn resolve(
+        server: Option<String>,
+        token: Option<String>,
+        data_dir: Option<PathBuf>,
+        config: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let file = match config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let server = server
+            .or_else(|| file.listen.map(url_of))
+            .unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
+        if let Some(token) = token {
+            return Ok(Self {
+                server,
+                token: Some(token),
+                token_source: "--token or BOOTFLEET_TOKEN".into(),
+            });
+        }
+        let path = match file.admin_token_file {
+            Some(path) => path,
+            None => data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+                .join(TOKEN_FILE_NAME),
+        };
+        let (token, token_source) = match AdminToken::read(&path) {
+            Ok(t) => (Some(t.secret().to_string()), format!("{}", path.display())),
+            Err(e) => (None, format!("none: cannot read {}: {e}", path.display())),
+        };
+        Ok(Self {
+            server,
+            token,
+            token_source,
+        })
+    }
+}
+
+/// Where a server listening on `addr` is reached from this machine.
+fn url_of(addr: std::net::SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("http://{ip}:{}", addr.port())
 }
 
 impl Client {
@@ -21,26 +82,24 @@ impl Client {
         self.token.as_deref()
     }
 
-    /// Token: `--token`/`BOOTFLEET_TOKEN`, else `<data-dir>/admin.token` if readable.
-    pub fn new(
-        server: &str,
-        token: Option<String>,
-        data_dir: Option<&Path>,
-    ) -> anyhow::Result<Self> {
-        let token = token.or_else(|| {
-            let dir = data_dir.unwrap_or(Path::new(DEFAULT_DATA_DIR));
-            AdminToken::read(&dir.join(TOKEN_FILE_NAME))
-                .ok()
-                .map(|t| t.secret().to_string())
-        });
-        let base = server.trim_end_matches('/').to_string();
+    pub fn new(target: Target) -> anyhow::Result<Self> {
+        let base = target.server.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            bail!("--server must be an http:// URL, got {server:?}");
+            return Err(UsageError(format!(
+                "--server must be an http:// URL, got {:?}",
+                target.server
+            ))
+            .into());
         }
         let http = reqwest::Client::builder()
             .user_agent(concat!("bootfleet-cli/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Self { http, base, token })
+        Ok(Self {
+            http,
+            base,
+            token: target.token,
+            token_source: target.token_source,
+        })
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -64,7 +123,7 @@ impl Client {
             .send()
             .await
             .with_context(|| format!("cannot reach the bootfleet server at {}", self.base))?;
-        Self::decode(response).await
+        self.decode_here(response).await
     }
 
     pub async fn decode<T: DeserializeOwned>(response: Response) -> anyhow::Result<T> {
@@ -81,12 +140,73 @@ impl Client {
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-        let hint = match status {
-            StatusCode::UNAUTHORIZED => {
-                " (pass --token, set BOOTFLEET_TOKEN, or point --data-dir at the server's data directory)"
-            }
-            _ => "",
-        };
-        bail!("server refused ({status}): {reason}{hint}")
+        Err(ServerError {
+            status: status.as_u16(),
+            reason,
+            hint: String::new(),
+        }
+        .into())
     }
+
+    /// As `decode`, naming where the token came from when the server refuses it.
+    pub async fn decode_here<T: DeserializeOwned>(&self, response: Response) -> anyhow::Result<T> {
+        Self::decode(response)
+            .await
+            .map_err(|e| self.with_token_hint(e))
+    }
+
+    fn with_token_hint(&self, e: anyhow::Error) -> anyhow::Error {
+        match e.downcast::<ServerError>() {
+            Ok(mut refused)
+                if refused.status == StatusCode::UNAUTHORIZED.as_u16()
+                    || refused.status == StatusCode::FORBIDDEN.as_u16() =>
+            {
+                refused.hint = format!(
+                    " (token: {}; pass --token, set BOOTFLEET_TOKEN, or give the server's --config or --data-dir)",
+                    self.token_source
+                );
+                refused.into()
+            }
+            Ok(other) => other.into(),
+            Err(e) => e,
+        }
+    }
+}
+
+/// The server answered with an error status.
+#[derive(Debug, thiserror::Error)]
+#[error("server refused ({status}): {reason}{hint}")]
+pub struct ServerError {
+    pub status: u16,
+    pub reason: String,
+    pub hint: String,
+}
+
+/// The command line asked for something that cannot be done as asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// What kind of failure an admin command ended with: its exit status and its name in a
+/// JSON error.
+pub fn classify(e: &anyhow::Error) -> (u8, &'static str, Option<u16>) {
+    if let Some(refused) = e.downcast_ref::<ServerError>() {
+        return match refused.status {
+            404 => (3, "not-found", Some(404)),
+            s if s >= 500 => (5, "unavailable", Some(s)),
+            s => (4, "refused", Some(s)),
+        };
+    }
+    if e.downcast_ref::<UsageError>().is_some() {
+        return (2, "usage", None);
+    }
+    let unreachable = e.chain().any(|cause| {
+        cause
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(|r| r.is_connect() || r.is_timeout())
+    });
+    if unreachable {
+        return (5, "unreachable", None);
+    }
+    (1, "failed", None)
 }

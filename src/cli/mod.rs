@@ -21,12 +21,18 @@ pub use output::OutputFormat;
         `bootfleet serve` runs the server. The other commands are admin commands: they talk \
         to a running server over HTTP, found from --server or BOOTFLEET_SERVER, and \
         authenticate with --token, BOOTFLEET_TOKEN, or the token file \
-        <data-dir>/admin.token written by the server on first start."
+        <data-dir>/admin.token written by the server on first start. Given the server's \
+        --config, they find the server and the token file from it.\n\n\
+        Exit status of admin commands: 0 done, 1 failed, 2 usage, 3 not found, 4 refused \
+        by the server (400, 401, 403, 409, 413, 429), 5 server unreachable or unavailable \
+        (503). With --output json an error is a JSON object on stderr: \
+        {\"error\", \"class\", \"status\"}."
 )]
 pub struct Cli {
-    /// Server URL for admin commands.
-    #[arg(long, global = true, env = "BOOTFLEET_SERVER", default_value = crate::config::DEFAULT_SERVER_URL)]
-    pub server: String,
+    /// Server URL for admin commands [default: the --config file's listen address, else
+    /// http://127.0.0.1:8080].
+    #[arg(long, global = true, env = "BOOTFLEET_SERVER")]
+    pub server: Option<String>,
     /// Admin bearer token (default: read <data-dir>/admin.token).
     #[arg(long, global = true, env = "BOOTFLEET_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -34,6 +40,11 @@ pub struct Cli {
     /// [default: ./bootfleet-data].
     #[arg(long, global = true, env = "BOOTFLEET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Settings file (TOML; see deploy/bootfleet.toml): the server's settings for
+    /// `serve` (flags and environment win over it); admin commands take the server's
+    /// address, data directory and admin_token_file from it.
+    #[arg(long, global = true, env = "BOOTFLEET_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Output format of admin commands.
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -54,16 +65,16 @@ pub enum Command {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Serve(args) = cli.command {
+        return serve::run(args, cli.data_dir, cli.config).await;
+    }
+    let target =
+        client::Target::resolve(cli.server, cli.token, cli.data_dir, cli.config.as_deref())?;
+    let client = client::Client::new(target)?;
     match cli.command {
-        Command::Serve(args) => serve::run(args, cli.data_dir).await,
-        Command::Image(cmd) => {
-            let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
-            image::run(cmd, &client, cli.output).await
-        }
-        Command::Node(cmd) => {
-            let client = client::Client::new(&cli.server, cli.token, cli.data_dir.as_deref())?;
-            node::run(cmd, &client, cli.output).await
-        }
+        Command::Serve(_) => unreachable!("handled above"),
+        Command::Image(cmd) => image::run(cmd, &client, cli.output).await,
+        Command::Node(cmd) => node::run(cmd, &client, cli.output).await,
     }
 }
 

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::bail;
 use clap::Subcommand;
 use reqwest::Method;
 
@@ -255,7 +254,12 @@ fn parse_labels(labels: &[String]) -> anyhow::Result<LabelRequest> {
                 set.insert(k.to_string(), v.to_string());
             }
             (None, Some(k)) => remove.push(k.to_string()),
-            _ => bail!("label {l:?}: use key=value to set, key- to remove"),
+            _ => {
+                return Err(super::client::UsageError(format!(
+                    "label {l:?}: use key=value to set, key- to remove"
+                ))
+                .into());
+            }
         }
     }
     Ok(LabelRequest { set, remove })

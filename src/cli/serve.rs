@@ -10,9 +10,6 @@ use crate::config::{FileConfig, LogFormat, Overrides, ServerConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Settings file (TOML); see deploy/bootfleet.toml. Flags and environment win over it.
-    #[arg(long, env = "BOOTFLEET_CONFIG")]
-    pub config: Option<PathBuf>,
     /// Address to listen on for HTTP [default: 0.0.0.0:8080].
     #[arg(long, env = "BOOTFLEET_LISTEN")]
     pub listen: Option<SocketAddr>,
@@ -49,8 +46,12 @@ pub struct ServeArgs {
     pub store_url: Option<String>,
 }
 
-pub async fn run(args: ServeArgs, data_dir: Option<PathBuf>) -> anyhow::Result<()> {
-    let file = match &args.config {
+pub async fn run(
+    args: ServeArgs,
+    data_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let file = match &config {
         Some(path) => FileConfig::load(path)?,
         None => FileConfig::default(),
     };

@@ -154,7 +154,13 @@ pub async fn run(
             initrd_mib,
             reference_dir,
         } => {
-            let client = crate::cli::client::Client::new(server, token, data_dir)?;
+            let target = crate::cli::client::Target::resolve(
+                Some(server.to_string()),
+                token,
+                data_dir.map(std::path::Path::to_path_buf),
+                None,
+            )?;
+            let client = crate::cli::client::Client::new(target)?;
             let token = client
                 .token()
                 .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;

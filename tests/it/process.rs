@@ -453,3 +453,92 @@ fn every_agent_flag_has_help() {
     }
     assert!(flags > 10, "{help}");
 }
+
+/// Runs the CLI with exactly `args` (no --server, no --data-dir); returns the exit
+/// status and stderr.
+fn cli_bare(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .env_remove("BOOTFLEET_TOKEN")
+        .env_remove("BOOTFLEET_SERVER")
+        .env_remove("BOOTFLEET_DATA_DIR")
+        .env_remove("BOOTFLEET_CONFIG")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Admin commands find the server and its token from the server's settings file, fail
+/// with an exit status per class of failure, and with --output json say so in JSON.
+#[test]
+fn admin_commands_take_the_config_and_fail_by_class() {
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let server = ServerProcess::spawn(&data);
+    let addr = server.url.trim_start_matches("http://");
+    let config = work.path().join("bootfleet.toml");
+    std::fs::write(
+        &config,
+        format!("listen = \"{addr}\"\ndata_dir = \"{}\"\n", data.display()),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (code, stdout, stderr) =
+        cli_bare(&["--config", config, "--output", "json", "image", "list"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.trim(), "[]");
+
+    // Not found: 3, a JSON error on stderr.
+    let (code, _, stderr) = cli_bare(&[
+        "--config",
+        config,
+        "--output",
+        "json",
+        "node",
+        "show",
+        "52:54:00:99:99:99",
+    ]);
+    assert_eq!(code, 3, "{stderr}");
+    let error: serde_json::Value = serde_json::from_str(stderr.trim()).unwrap();
+    assert_eq!(
+        (error["class"].as_str(), error["status"].as_u64()),
+        (Some("not-found"), Some(404))
+    );
+    // Refused: 4, naming where the token came from.
+    let (code, _, stderr) = cli_bare(&["--config", config, "--token", "nope", "image", "list"]);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(
+        stderr.contains("token: --token or BOOTFLEET_TOKEN"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = cli_bare(&[
+        "--server",
+        &server.url,
+        "--data-dir",
+        "/nonexistent",
+        "image",
+        "list",
+    ]);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(
+        stderr.contains("cannot read /nonexistent/admin.token"),
+        "{stderr}"
+    );
+    // Unreachable: 5. Usage: 2.
+    let (code, _, stderr) = cli_bare(&[
+        "--server",
+        "http://127.0.0.1:1",
+        "--output",
+        "json",
+        "image",
+        "list",
+    ]);
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("\"unreachable\""), "{stderr}");
+    let (code, _, stderr) = cli_bare(&["--server", "ftp://x", "image", "list"]);
+    assert_eq!(code, 2, "{stderr}");
+}

@@ -179,7 +179,10 @@ mod tests {
             fetch(b"k", 1100, Some(1300), 100, true),
             // The initrd download broke and resumed with a range.
             fetch(b"i", 1300, None, 20, true),
-            fetch(b"i", 1350, Some(1400), 30, false),
+            Fetch {
+                offset: 20,
+                ..fetch(b"i", 1350, Some(1400), 30, false)
+            },
         ];
         b.attested_at_ms = Some(5000);
         b.verdict = Some(serde_json::json!({ "passed": true }));
