@@ -26,6 +26,9 @@ pub struct Registry {
     /// Publishes hold it shared while they make blobs visible and insert rows; GC holds
     /// it exclusively, so it never sees a blob whose image row is not yet written.
     gc_lock: Arc<RwLock<()>>,
+    /// Publishes reading their bundle now (`[limits] max_concurrent_publishes`): each
+    /// holds a blocking thread, so unbounded slow uploads would starve blob serving.
+    publishing: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +57,9 @@ impl Registry {
             limits,
             shared: None,
             gc_lock: Arc::new(RwLock::new(())),
+            publishing: Arc::new(tokio::sync::Semaphore::new(
+                limits.max_concurrent_publishes.max(1),
+            )),
         }
     }
 
@@ -96,9 +102,17 @@ impl Registry {
     ) -> Result<PublishOutcome, RegistryError> {
         let blobs = self.blobs.clone();
         let limits = self.limits;
+        // Waits here, its body unread, while the others upload.
+        let reading = self
+            .publishing
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let staged = tokio::task::spawn_blocking(move || bundle::ingest(input, &blobs, &limits))
             .await
             .map_err(|e| std::io::Error::other(format!("bundle reader failed: {e}")))??;
+        drop(reading);
         let m = &staged.manifest;
         if let Some(t) = &tag
             && t.name != m.name

@@ -33,6 +33,9 @@ pub struct BundleLimits {
     /// Free space an artifact must leave in the blob directory's filesystem (the
     /// database and the logs may share it).
     pub min_free_bytes: u64,
+    /// Publishes read at once; more wait, unread. Each holds a blocking-pool thread for
+    /// its upload, which blob serving needs too.
+    pub max_concurrent_publishes: usize,
 }
 
 impl Default for BundleLimits {
@@ -43,6 +46,7 @@ impl Default for BundleLimits {
             max_entries: 1024,
             max_bundle_bytes: 64 << 30,
             min_free_bytes: 256 << 20,
+            max_concurrent_publishes: 8,
         }
     }
 }

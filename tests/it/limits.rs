@@ -239,3 +239,57 @@ async fn shutdown_ends_within_its_grace_whatever_clients_hold() {
         .expect("the server stops within its grace");
     drop((publish, slow));
 }
+
+/// A slow upload holds a blocking thread for as long as it lasts; past
+/// `max_concurrent_publishes` more wait unread, and blob downloads go on meanwhile.
+#[tokio::test]
+async fn publishes_past_the_cap_wait_and_downloads_go_on() {
+    let server = TestServer::start_with(bootfleet::image::bundle::BundleLimits {
+        max_concurrent_publishes: 1,
+        ..Default::default()
+    })
+    .await;
+    let kernel = noise(100_000, 4);
+    let (status, _) = server.publish(good_bundle("a", "1", &kernel)).await;
+    assert_eq!(status, 201);
+    // A publish that sends a little and stalls holds the one reader...
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/images HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: 1000000\r\n\r\n",
+        server.token
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(&good_bundle("b", "1", b"k")[..512])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // ...so the next waits,
+    let url = server.url("/api/v1/images");
+    let token = server.token.clone();
+    let next = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(token)
+            .body(good_bundle("c", "1", b"kernel c"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!next.is_finished(), "a second publish ran past the cap");
+    // while blobs are served.
+    let hex = bootfleet::api::Digest::of(&kernel).hex();
+    let r = reqwest::get(server.url(&format!("/blobs/sha256/{hex}")))
+        .await
+        .unwrap();
+    assert_eq!(r.bytes().await.unwrap().len(), kernel.len());
+    // The stalled upload goes away: the waiting one is read and published.
+    drop(slow);
+    let status = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("the waiting publish ran once the reader was free")
+        .unwrap();
+    assert_eq!(status, 201);
+    server.stop().await;
+}
