@@ -8,6 +8,7 @@ pub mod chain;
 pub mod classify;
 pub mod decide;
 pub mod directory;
+pub mod exercise;
 pub mod leases;
 pub mod metrics;
 pub mod pools;
