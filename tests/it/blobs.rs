@@ -179,12 +179,15 @@ async fn verify_quarantines_corrupt_blobs_and_their_images_are_never_handed_out(
     let (_, page) = server.json("/api/v1/events").await;
     assert_eq!(page["events"].as_array().unwrap().len(), kinds.len());
     server.assign("52:54:00:00:00:0b", "n:1").await;
-    let script = reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-0b"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let node_script = || async {
+        reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-0b"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let script = node_script().await;
     assert!(
         script.contains("is broken") && !script.contains("\nkernel "),
         "{script}"
@@ -195,12 +198,7 @@ async fn verify_quarantines_corrupt_blobs_and_their_images_are_never_handed_out(
     assert_eq!(status, 200);
     let (_, images) = server.json("/api/v1/images").await;
     assert!(images[0].get("broken").is_none(), "{images}");
-    let script = reqwest::get(server.url("/boot/node.ipxe?mac=52-54-00-00-00-0b"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let script = node_script().await;
     assert!(script.contains("\nkernel "), "{script}");
     let r = reqwest::get(server.url(&format!("/blobs/sha256/{hex}")))
         .await

@@ -623,3 +623,78 @@ async fn postgres_wakes_event_readers_on_every_server() {
     a.close().await;
     b.close().await;
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs (apt-get install mount; the tests run as root)")
+            .success();
+        assert!(ok, "cannot mount a tmpfs (the tests run as root)");
+        Self(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// "Database or disk is full" for a while, then space again: every write works again,
+/// sequential and concurrent (a failed COMMIT must not leave a pooled connection in a
+/// transaction that refuses every later write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_writes_recover_after_the_disk_was_full() {
+    let fs = Tmpfs::mount("4m");
+    let url = StoreUrl::Sqlite(fs.0.path().join("bootfleet.db"));
+    let store = bootfleet::store::open(&url, None).await.unwrap();
+    // Fill the disk, then write until the store says it is full.
+    let filler = fs.0.path().join("filler");
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let mut failed = 0;
+    for i in 0..400u32 {
+        let labels = std::collections::BTreeMap::from([("note".to_string(), "x".repeat(200))]);
+        let m = mac(2000 + i);
+        match store.discover(&m, None, "disk full test").await {
+            Ok(_) => {
+                if store.label(&m, &labels, &[]).await.is_err() {
+                    failed += 1;
+                }
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(failed > 0, "the disk never filled: the test proves nothing");
+    std::fs::remove_file(&filler).unwrap();
+    for i in 0..40u32 {
+        store
+            .discover(&mac(3000 + i), None, "after")
+            .await
+            .unwrap_or_else(|e| panic!("write {i} after space came back: {e}"));
+    }
+    let writes = (0..40u32).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move { store.discover(&mac(3100 + i), None, "after").await })
+    });
+    for w in futures_util::future::join_all(writes).await {
+        w.unwrap()
+            .expect("a concurrent write after space came back");
+    }
+    store.close().await;
+}

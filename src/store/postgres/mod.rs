@@ -85,7 +85,10 @@ impl PgStore {
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             stop: Default::default(),
         };
-        let listener = PgListener::connect_with(&store.pool).await?;
+        // Listening before the store is handed out: a commit by another server right
+        // after open wakes this one's readers (the LISTEN used to race the first NOTIFY).
+        let mut listener = PgListener::connect_with(&store.pool).await?;
+        listener.listen(EVENTS_CHANNEL).await?;
         tokio::spawn(listen(
             listener,
             store.events_written.clone(),
@@ -116,10 +119,6 @@ async fn listen(
     woken: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    if let Err(e) = listener.listen(EVENTS_CHANNEL).await {
-        tracing::warn!(error = %e, "cannot LISTEN for events; readers poll");
-        return;
-    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -42,26 +42,65 @@ pub struct SqliteStore {
 
 /// A write transaction holding its turn at the write gate until it ends.
 pub(crate) struct WriteTx {
-    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-    _gate: tokio::sync::OwnedMutexGuard<()>,
+    /// None once committed (or handed to the rollback task).
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>,
+    gate: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
+// The transaction is ours (BEGIN IMMEDIATE, COMMIT, ROLLBACK as statements), not
+// sqlx's `Transaction`: when a COMMIT failed (database or disk full), sqlx's went on
+// counting the transaction as open, and the pooled connection refused every later write
+// with "non-zero transaction depth" after space came back. Here a connection whose
+// transaction did not end cleanly is closed, never handed out again.
 impl WriteTx {
-    pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        let mut conn = self.conn.take().expect("a transaction commits once");
+        let done = sqlx::query("COMMIT").execute(&mut *conn).await;
+        if done.is_err() {
+            // A failed COMMIT can leave the transaction open.
+            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                conn.close_on_drop();
+            }
+        }
+        drop(conn);
+        done.map(|_| ())
+    }
+}
+
+impl Drop for WriteTx {
+    /// Not committed (an early return, an error): rolled back before the write gate is
+    /// given up, so the next writer finds the lock free; a connection that cannot roll
+    /// back is closed (SQLite rolls back on close).
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let gate = self.gate.take();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                        conn.close_on_drop();
+                    }
+                    drop(conn);
+                    drop(gate);
+                });
+            }
+            Err(_) => conn.close_on_drop(),
+        }
     }
 }
 
 impl std::ops::Deref for WriteTx {
     type Target = sqlx::SqliteConnection;
     fn deref(&self) -> &Self::Target {
-        &self.tx
+        self.conn.as_deref().expect("open until committed")
     }
 }
 
 impl std::ops::DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
+        self.conn.as_deref_mut().expect("open until committed")
     }
 }
 
@@ -105,8 +144,15 @@ impl SqliteStore {
     /// when another writer committed in between. Writers queue on `write_gate` first.
     pub(crate) async fn write_tx(&self) -> Result<WriteTx, StoreError> {
         let gate = self.write_gate().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx { tx, _gate: gate })
+        let mut conn = self.pool.acquire().await?;
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+        Ok(WriteTx {
+            conn: Some(conn),
+            gate: Some(gate),
+        })
     }
     /// Our turn to write. SQLite's own wait for its write lock is a sleep of 1 to 100 ms
     /// between tries, during which the lock often sits free: with a few writers at once
