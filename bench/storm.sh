@@ -103,7 +103,7 @@ sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measu
   --output json >"$work/bf.json"
 summary "$work/bf.json"
 echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DHCP (iPXE) -> scripts -> kernel, initrd"
-sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --no-agent --measure-pid "$BF_PID" \
+sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --no-agent --measure-pid "$BF_PID" \
   --output json >"$work/bf-noagent.json"
 summary "$work/bf-noagent.json"
 kill "$BF_PID"; wait "$BF_PID" 2>/dev/null || true

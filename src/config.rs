@@ -25,6 +25,10 @@ pub enum LogFormat {
 pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
+    /// Serve the admin API (`/api/v1/` but the agent's calls) on this address only, apart
+    /// from the boot routes: a management network nodes cannot reach [default: with the
+    /// boot routes on `listen`].
+    pub admin_listen: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
     /// Read the admin token from this file instead of `<data_dir>/admin.token`.
     pub admin_token_file: Option<PathBuf>,
@@ -58,6 +62,9 @@ pub struct FileConfig {
     /// `[events]`: how long the event log is kept.
     #[serde(default)]
     pub events: crate::events::retention::Retention,
+    /// `[boots]`: who may start a new boot of a MAC.
+    #[serde(default)]
+    pub boots: crate::node::boot_guard::BootsPolicy,
     /// `[discovery]`: what unknown MACs may add.
     #[serde(default)]
     pub discovery: crate::node::policy::DiscoveryPolicy,
@@ -168,6 +175,7 @@ pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
     pub log_format: Option<LogFormat>,
     pub admin_token_file: Option<PathBuf>,
     pub max_artifact_bytes: Option<u64>,
@@ -200,6 +208,9 @@ pub struct ServerConfig {
     pub http: crate::http::serve::HttpSettings,
     pub events: crate::events::retention::Retention,
     pub discovery: crate::node::policy::DiscoveryPolicy,
+    pub boots: crate::node::boot_guard::BootsPolicy,
+    /// Serve the admin API here only, apart from the boot routes (a management network).
+    pub admin_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +273,8 @@ impl ServerConfig {
             http: file.http,
             events: file.events,
             discovery: file.discovery,
+            boots: file.boots,
+            admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),
                 ..file.store

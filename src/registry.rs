@@ -214,6 +214,33 @@ impl Registry {
         Ok(self.store.ping().await?)
     }
 
+    /// Commits a write (the row of `server`, this server's holder id, in `write_probes`).
+    pub async fn probe_write(&self, server: &str) -> Result<(), RegistryError> {
+        Ok(self
+            .store
+            .probe_write(server, crate::clock::now_ms())
+            .await?)
+    }
+
+    /// `ok`, or what keeps the blob directory from taking a publish.
+    pub fn blob_readiness(&self) -> String {
+        if !self.blobs.dir().is_dir() {
+            return "blob directory missing".into();
+        }
+        match self.blobs.available_bytes() {
+            Ok(free) if free < self.limits.min_free_bytes => format!(
+                "{free} bytes free in {}, less than [limits] min_free_bytes ({})",
+                self.blobs.dir().display(),
+                self.limits.min_free_bytes
+            ),
+            Ok(_) => "ok".into(),
+            Err(e) => format!(
+                "cannot read free space of {}: {e}",
+                self.blobs.dir().display()
+            ),
+        }
+    }
+
     pub async fn resolve(&self, r: &ImageRef) -> Result<Digest, RegistryError> {
         self.store
             .resolve(r)

@@ -79,6 +79,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         },
         policy: cfg.lifecycle.clone(),
         images: Default::default(),
+        guard: crate::node::boot_guard::BootGuard::new(cfg.boots.clone()),
+        addresses: Default::default(),
     };
     let blobs = registry.blobs.clone();
     let http = AppState {
@@ -91,6 +93,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         stopping: CancellationToken::new(),
         ipxe_files: std::sync::Arc::new(FileSource::new(Some(cfg.ipxe_dir.clone()), None)),
         blob_maps: Default::default(),
+        server_id: crate::leader::holder_id(),
     };
     Ok(Server {
         http,
@@ -103,15 +106,35 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     })
 }
 
-/// Serves on an already-bound listener until `shutdown` is cancelled; then lets in-flight
-/// requests and owned tasks finish and closes the database.
+/// The bound HTTP listeners: the boot routes, and the admin API's own when it has one.
+pub struct Listeners {
+    pub boot: TcpListener,
+    /// None: the admin API is served with the boot routes.
+    pub admin: Option<TcpListener>,
+}
+
+/// Serves every route on an already-bound listener (see `run_on`).
 pub async fn run(
     listener: TcpListener,
     server: Server,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let listeners = Listeners {
+        boot: listener,
+        admin: None,
+    };
+    run_on(listeners, server, shutdown).await
+}
+
+/// Serves on already-bound listeners until `shutdown` is cancelled; then lets in-flight
+/// requests and owned tasks finish and closes the database.
+pub async fn run_on(
+    listeners: Listeners,
+    server: Server,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let state = server.http;
-    let holder = crate::leader::holder_id();
+    let holder = state.server_id.clone();
     let lead = |role| {
         crate::leader::hold(
             server.store.clone(),
@@ -147,7 +170,6 @@ pub async fn run(
         sweeping,
         state.stopping.clone(),
     ));
-    let app = router(state.clone());
     // Event streams end when the server starts stopping; they would hold connections.
     let stopping = state.stopping.clone();
     let http_shutdown = CancellationToken::new();
@@ -157,7 +179,21 @@ pub async fn run(
         stopping.cancel();
         stop.cancel();
     });
-    crate::http::serve::serve(listener, app, &server.http_settings, http_shutdown).await;
+    let settings = &server.http_settings;
+    match listeners.admin {
+        None => {
+            let app = router(state.clone());
+            crate::http::serve::serve(listeners.boot, app, settings, http_shutdown).await;
+        }
+        Some(admin) => {
+            let boot = crate::http::boot_router(state.clone());
+            let admin_app = crate::http::admin_router(state.clone());
+            tokio::join!(
+                crate::http::serve::serve(listeners.boot, boot, settings, http_shutdown.clone()),
+                crate::http::serve::serve(admin, admin_app, settings, http_shutdown),
+            );
+        }
+    }
     state.tasks.close();
     // A publish still uploading is abandoned at the deadline: it writes to a temporary
     // file and renames, so nothing half-written is left behind.
@@ -256,7 +292,7 @@ pub async fn start_dhcp(
             tracing::warn!(error = %e, "cannot warm the DHCP node cache; nodes are read as they ask")
         }
     }
-    let server = std::sync::Arc::new(DhcpServer {
+    let dhcp = std::sync::Arc::new(DhcpServer {
         settings,
         pools,
         directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
@@ -269,7 +305,13 @@ pub async fn start_dhcp(
         chain: Default::default(),
         relay_port: crate::dhcp::server::SERVER_PORT,
         client_port: d.client_port.unwrap_or(crate::dhcp::server::CLIENT_PORT),
+        requested: Default::default(),
     });
+    // New boots are checked against what DHCP saw of the MAC on the wire.
+    let book: std::sync::Arc<dyn crate::dhcp::directory::AddressBook> = dhcp.clone();
+    if server.http.nodes.addresses.set(book).is_err() {
+        anyhow::bail!("DHCP was started twice for one server");
+    }
     let mut tasks = Vec::new();
     let ports = [
         (
@@ -284,13 +326,13 @@ pub async fn start_dhcp(
             format!("cannot listen for DHCP on {addr} (port 67 needs root or CAP_NET_BIND_SERVICE)")
         })?;
         tracing::info!(%addr, interface = d.interface.as_deref().unwrap_or("*"), ?mode, "dhcp listening on {addr}");
-        tasks.push(tokio::spawn(server.clone().serve(
+        tasks.push(tokio::spawn(dhcp.clone().serve(
             socket,
             role,
             shutdown.clone(),
         )));
     }
-    tasks.push(tokio::spawn(server.persist(shutdown)));
+    tasks.push(tokio::spawn(dhcp.persist(shutdown)));
     Ok(tasks)
 }
 

@@ -37,7 +37,7 @@ impl Target {
             None => FileConfig::default(),
         };
         let server = server
-            .or_else(|| file.listen.map(url_of))
+            .or_else(|| file.admin_listen.or(file.listen).map(url_of))
             .unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
         if let Some(token) = token {
             return Ok(Self {

@@ -13,6 +13,10 @@ pub struct ServeArgs {
     /// Address to listen on for HTTP [default: 0.0.0.0:8080].
     #[arg(long, env = "BOOTFLEET_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Serve the admin API on this address only, apart from the boot routes (a management
+    /// network nodes cannot reach) [default: with the boot routes].
+    #[arg(long, env = "BOOTFLEET_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
     /// Log format [default: human].
     #[arg(long, env = "BOOTFLEET_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -60,6 +64,7 @@ pub async fn run(
         Overrides {
             data_dir,
             listen: args.listen,
+            admin_listen: args.admin_listen,
             log_format: args.log_format,
             admin_token_file: args.admin_token_file,
             max_artifact_bytes: args.max_artifact_bytes,
@@ -76,6 +81,12 @@ pub async fn run(
     // directory or a token.
     let listener = crate::server::listen(cfg.listen)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let admin = match cfg.admin_listen {
+        Some(a) => Some(
+            crate::server::listen(a).with_context(|| format!("cannot listen on {a} (admin)"))?,
+        ),
+        None => None,
+    };
     let state = crate::server::open_state(&cfg).await?;
     let addr = listener.local_addr()?;
     // Handlers first: a SIGTERM that arrives once we say we listen must shut down cleanly.
@@ -87,9 +98,17 @@ pub async fn run(
     );
     tokio::spawn(cancel_on_signal(signals, shutdown.clone()));
     tracing::info!(%addr, data_dir = %cfg.data_dir.display(), "listening on {addr}");
+    if let Some(admin) = &admin {
+        let admin_addr = admin.local_addr()?;
+        tracing::info!(%admin_addr, "admin API listening on {admin_addr} only");
+    }
     let tftp = crate::server::start_tftp(&cfg, &state, shutdown.clone()).await?;
     let dhcp = crate::server::start_dhcp(&cfg, &state, shutdown.clone()).await?;
-    let http = crate::server::run(listener, state, shutdown.clone()).await;
+    let listeners = crate::server::Listeners {
+        boot: listener,
+        admin,
+    };
+    let http = crate::server::run_on(listeners, state, shutdown.clone()).await;
     shutdown.cancel();
     for task in dhcp {
         task.await.context("DHCP server panicked")?;

@@ -27,3 +27,27 @@ pub trait LeaseJournal: Send + Sync {
     /// Saves a batch of changes: leases to keep, MACs whose lease is gone.
     async fn save(&self, keep: &[Lease], gone: &[HwAddr]) -> Result<(), String>;
 }
+
+/// How DHCP came to know a client's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Witnessed {
+    /// It holds a lease from us (authoritative mode): the strong witness.
+    Leased,
+    /// It asked another server for this address (proxy mode: option 50 or `ciaddr` of
+    /// its DHCPREQUEST). Anyone on the segment can send such a request in its name.
+    Requested,
+}
+
+/// What DHCP saw of a client on the wire: the address it holds or asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireAddress {
+    pub ip: std::net::Ipv4Addr,
+    pub how: Witnessed,
+}
+
+/// DHCP's answer to "which address does this MAC use?", asked by the node service
+/// before it starts a boot for a request that names the MAC.
+pub trait AddressBook: Send + Sync {
+    /// The address `mac` holds or asked for, when DHCP knows it and it has not expired.
+    fn address_of(&self, mac: Mac, now_ms: i64) -> Option<WireAddress>;
+}

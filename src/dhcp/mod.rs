@@ -1,8 +1,8 @@
 //! DHCPv4: proxyDHCP (boot information next to the site's DHCP) and authoritative mode
 //! (pools, reservations, leases; a pool per relayed segment in `pools`). `wire` checks untrusted bytes, `classify` names the
 //! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps a pool
-//! (pure), `reply` encodes, `directory` is what DHCP asks of the node service (traits),
-//! `server` moves datagrams and persists leases in batches.
+//! (pure), `reply` encodes, `directory` is what DHCP asks of the node service and what it tells
+//! it (traits), `requested` witnesses proxy-mode clients' addresses (pure), `server` moves datagrams and persists leases in batches.
 
 pub mod chain;
 pub mod classify;
@@ -13,5 +13,6 @@ pub mod leases;
 pub mod metrics;
 pub mod pools;
 pub mod reply;
+pub mod requested;
 pub mod server;
 pub mod wire;

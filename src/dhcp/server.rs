@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::chain::{Chain, ChainMemory, ChainPolicy};
 use super::classify::{BootClass, classify};
 use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
-use super::directory::{LeaseJournal, NodeDirectory};
+use super::directory::{AddressBook, LeaseJournal, NodeDirectory, WireAddress, Witnessed};
 use super::metrics::DhcpMetrics;
 use super::pools::{Pool, choose};
 use super::reply::{encode, relay_info};
@@ -43,6 +43,8 @@ pub struct DhcpServer {
     pub relay_port: u16,
     /// Where replies to clients go.
     pub client_port: u16,
+    /// Proxy mode: the address each network-booting MAC asked the site's server for.
+    pub requested: Mutex<super::requested::Requested>,
 }
 
 /// A UDP socket for DHCP: broadcast allowed, address reusable (one per interface), and
@@ -99,6 +101,9 @@ impl DhcpServer {
             }
         };
         let client = classify(&req);
+        if self.pools.is_empty() && client.class.is_some() {
+            self.witness_request(&req);
+        }
         let Some(mut node) = self
             .node_view(&req, client.uuid.as_deref(), client.class.is_some())
             .await
@@ -175,6 +180,24 @@ impl DhcpServer {
         };
         let out = encode(&req, &reply, self.settings.server_ip, relay);
         Some((out, self.destination(&req, &reply, from, port)))
+    }
+
+    /// Proxy mode: remembers the address a booting client's DHCPREQUEST names.
+    fn witness_request(&self, req: &Checked) {
+        const REQUEST: u8 = 3;
+        if req.message_type() != REQUEST {
+            return;
+        }
+        let asked = req
+            .option(50)
+            .and_then(|o| <[u8; 4]>::try_from(o).ok())
+            .map(Ipv4Addr::from)
+            .unwrap_or(req.ciaddr);
+        self.requested.lock().expect("not poisoned").record(
+            req.chaddr,
+            asked,
+            crate::clock::now_ms(),
+        );
     }
 
     /// RFC 2131 4.1: through the relay; to a configured client by unicast; else broadcast
@@ -257,5 +280,30 @@ impl DhcpServer {
                 return;
             }
         }
+    }
+}
+
+impl AddressBook for DhcpServer {
+    fn address_of(&self, mac: Mac, now_ms: i64) -> Option<WireAddress> {
+        let hw = mac.octets();
+        if self.pools.is_empty() {
+            let ip = self
+                .requested
+                .lock()
+                .expect("not poisoned")
+                .get(&hw, now_ms)?;
+            return Some(WireAddress {
+                ip,
+                how: Witnessed::Requested,
+            });
+        }
+        self.pools.iter().find_map(|pool| {
+            let leases = pool.leases.lock().expect("not poisoned");
+            let lease = leases.lease(&hw)?;
+            (lease.bound && lease.expires_ms > now_ms).then_some(WireAddress {
+                ip: lease.ip,
+                how: Witnessed::Leased,
+            })
+        })
     }
 }

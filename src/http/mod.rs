@@ -43,13 +43,65 @@ pub struct AppState {
     pub stopping: tokio_util::sync::CancellationToken,
     /// Blobs being served, each mapped once for all its downloads.
     pub blob_maps: std::sync::Arc<blob_maps::BlobMaps>,
+    /// This server among those sharing a store (`leader::holder_id`): who holds roles,
+    /// whose write probe a row is.
+    pub server_id: String,
 }
 
 /// The most an admin JSON body may be (bundles have their own limits): a label request
 /// or a reimage reason is a few hundred bytes.
 pub const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
+/// Every route on one listener.
 pub fn router(state: AppState) -> Router {
+    health()
+        .merge(boot_routes())
+        .merge(admin_api(&state))
+        .with_state(state)
+}
+
+/// The admin API with health checks, for a listener of its own.
+pub fn admin_router(state: AppState) -> Router {
+    health().merge(admin_api(&state)).with_state(state)
+}
+
+/// What nodes reach, for a listener without the admin API: its routes answer 404 with
+/// where to look.
+pub fn boot_router(state: AppState) -> Router {
+    health()
+        .merge(boot_routes())
+        .route(
+            "/api/v1/{*rest}",
+            axum::routing::any(|| async {
+                ApiError::NotFound(
+                    "the admin API is not served on this address (the server sets admin_listen)"
+                        .into(),
+                )
+            }),
+        )
+        .with_state(state)
+}
+
+fn health() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+/// Boot scripts, blobs, iPXE binaries, the agent's calls.
+fn boot_routes() -> Router<AppState> {
+    Router::new()
+        .route("/blobs/sha256/{hex}", get(blobs::get_blob))
+        .route("/boot.ipxe", get(nodes::entry))
+        .route("/ipxe/{*name}", get(ipxe::get))
+        .route("/boot/node.ipxe", get(nodes::node_script))
+        .route("/api/v1/agent/attest", post(nodes::attest))
+        .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
+        .route("/api/v1/agent/validate", post(nodes::validate))
+}
+
+/// The admin API under `/api/v1`, behind the bearer token.
+fn admin_api(state: &AppState) -> Router<AppState> {
     let admin = Router::new()
         // Bundle size is bounded per entry by `[limits]`, not by a body cap.
         .route(
@@ -77,45 +129,40 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::require_admin,
         ));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/blobs/sha256/{hex}", get(blobs::get_blob))
-        .route("/boot.ipxe", get(nodes::entry))
-        .route("/ipxe/{*name}", get(ipxe::get))
-        .route("/boot/node.ipxe", get(nodes::node_script))
-        .route("/api/v1/agent/attest", post(nodes::attest))
-        .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
-        .route("/api/v1/agent/validate", post(nodes::validate))
-        .nest("/api/v1", admin)
-        .with_state(state)
+    Router::new().nest("/api/v1", admin)
 }
 
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready when the database answers and the blob directory is there.
+/// Ready when the database answers and takes a write, and the blob directory is there
+/// with the free space a publish keeps back.
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<crate::api::Readiness>) {
+    let ok = || "ok".to_string();
     let db = state.registry.ping().await;
-    let blobs = state.registry.blobs.dir().is_dir();
-    let ready = db.is_ok() && blobs;
-    let body = crate::api::Readiness {
-        ready,
-        database: db
-            .map(|_| "ok".to_string())
+    let writes = match &db {
+        Ok(()) => state
+            .registry
+            .probe_write(&state.server_id)
+            .await
+            .map(|()| ok())
             .unwrap_or_else(|e| e.to_string()),
-        blobs: if blobs {
-            "ok"
-        } else {
-            "blob directory missing"
-        }
-        .into(),
+        Err(_) => "not tried: the database does not answer".into(),
     };
+    let blobs = state.registry.blob_readiness();
+    let database = db.map(|()| ok()).unwrap_or_else(|e| e.to_string());
+    let ready = [&database, &writes, &blobs].iter().all(|s| *s == "ok");
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = crate::api::Readiness {
+        ready,
+        database,
+        writes,
+        blobs,
     };
     (status, Json(body))
 }

@@ -1,15 +1,17 @@
 //! Boot routes (open: nodes fetch them) and the admin node API.
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
 use crate::api::Mac;
 use crate::api::node::{AssignRequest, LabelRequest, Node, NodeDetail, ReimageRequest};
+use crate::node::boot_guard::Refusal;
+use crate::node::service::BootError;
 use crate::node::service::admin::AdminError;
 
 /// The URL nodes reach us by: the one this request came to.
@@ -56,6 +58,7 @@ pub struct NodeQuery {
 pub async fn node_script(
     State(state): State<AppState>,
     headers: HeaderMap,
+    peer: Option<Extension<super::serve::Peer>>,
     Query(q): Query<NodeQuery>,
 ) -> Result<Response, ApiError> {
     let mac: Mac = q
@@ -70,12 +73,34 @@ pub async fn node_script(
         .uuid
         .filter(|u| is_uuid(u) && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0'))
         .map(|u| u.to_ascii_lowercase());
-    let text = state
+    let from = peer.map(|Extension(p)| p.0.ip());
+    match state
         .nodes
-        .node_script(&server_url(&headers, &state), &mac, uuid.as_deref())
+        .node_script(&server_url(&headers, &state), &mac, uuid.as_deref(), from)
         .await
-        .map_err(internal)?;
-    Ok(script(text))
+    {
+        Ok(text) => Ok(script(text)),
+        Err(BootError::Refused(refusal)) => Ok(refused(&refusal)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// A boot the guard refused: 403 (wrong address) or 429 with Retry-After. Not logged
+/// here: the node service counts refusals, which unauthenticated clients can flood.
+fn refused(refusal: &Refusal) -> Response {
+    let error = refusal.to_string();
+    let body = Json(crate::api::ErrorBody { error });
+    match refusal {
+        Refusal::Elsewhere { .. } => (StatusCode::FORBIDDEN, body).into_response(),
+        Refusal::TooSoon {
+            retry_after_secs, ..
+        } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, retry_after_secs.to_string())],
+            body,
+        )
+            .into_response(),
+    }
 }
 
 /// The 8-4-4-4-12 hex form firmware reports (SMBIOS system UUID).

@@ -50,6 +50,10 @@ impl Default for HttpSettings {
     }
 }
 
+/// The address a request's connection came from, in each request's extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// File descriptors kept back from connections: the database pool, blob files being
 /// served, TFTP and DHCP sockets, object-store requests.
 const RESERVED_FDS: u64 = 512;
@@ -114,10 +118,10 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
             permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
         };
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors or memory: wait for connections to end rather
                     // than spin on a listener that stays readable.
@@ -131,10 +135,9 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
         io.set_write_timeout(Some(write_timeout));
-        let conn = builder.serve_connection(
-            TokioIo::new(Box::pin(io)),
-            TowerToHyperService::new(app.clone()),
-        );
+        let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
+        let conn =
+            builder.serve_connection(TokioIo::new(Box::pin(io)), TowerToHyperService::new(app));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             // Timeouts and resets end here; they are the client's, not ours to log loudly.

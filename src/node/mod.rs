@@ -1,7 +1,9 @@
 //! Nodes: the lifecycle state machine, attestation, validation and drift judgements and
-//! lifecycle policy (all pure), and the controller, the one writer of node state.
+//! lifecycle policy (all pure), who may start a boot (`boot_guard`), and the controller,
+//! the one writer of node state.
 
 pub mod attest;
+pub mod boot_guard;
 pub mod controller;
 pub mod directory;
 pub mod drift;

@@ -522,6 +522,8 @@ pub trait Backend:
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;
+    /// Writes and commits `server`'s row in `write_probes`: proof that writes go through.
+    async fn probe_write(&self, server: &str, now_ms: i64) -> Result<(), StoreError>;
 }
 
 /// The store as the services hold it.

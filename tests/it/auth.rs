@@ -98,3 +98,57 @@ async fn the_bearer_scheme_is_case_insensitive() {
     }
     server.stop().await;
 }
+
+/// With `admin_listen` set the admin API answers there only (a management network), and
+/// the boot listener keeps what nodes need: scripts, blobs and the agent's calls.
+#[tokio::test]
+async fn the_admin_api_can_listen_apart_from_the_boot_routes() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let admin = server.admin_addr.expect("an admin listener");
+    let http = reqwest::Client::new();
+    let at = |addr: std::net::SocketAddr, path: &str| format!("http://{addr}{path}");
+
+    // On the boot listener, even the right token reaches no admin route.
+    let r = server.get("/api/v1/nodes").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("admin_listen"), "{body}");
+    let r = server
+        .post("/api/v1/images")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    for open in ["/healthz", "/readyz", "/boot.ipxe"] {
+        let r = http.get(server.url(open)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{open} on the boot listener");
+    }
+    // The agent's calls are still routed there: refused for want of a token, not 404.
+    let r = http
+        .post(server.url("/api/v1/agent/heartbeat"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    // On the admin listener: the admin API, behind the token, and no boot routes.
+    let r = http
+        .get(at(admin, "/api/v1/nodes"))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http.get(at(admin, "/api/v1/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    for (path, status) in [("/healthz", 200), ("/readyz", 200), ("/boot.ipxe", 404)] {
+        let r = http.get(at(admin, path)).send().await.unwrap();
+        assert_eq!(r.status(), status, "{path} on the admin listener");
+    }
+    server.stop().await;
+}

@@ -626,3 +626,119 @@ async fn relayed_segments_get_addresses_from_their_own_pools() {
     }
     server.stop().await;
 }
+
+/// A new boot is bound to what DHCP saw of the MAC on the wire: a request from another
+/// address than the one the MAC leased (authoritative mode) or asked the site's server
+/// for (proxy mode) is refused with 403 and changes nothing; from the leased address the
+/// node boots. Before, one unauthenticated GET from anywhere knocked a ready node's
+/// attestation out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_must_come_from_the_address_dhcp_saw_the_mac_use() {
+    require(&[("ip", "iproute2"), ("curl", "curl")]);
+    let mut lab = Lab::new();
+    let client = lab.host("grd", None);
+    let n = lab.n;
+    let settings = lab.settings(Mode::Authoritative);
+    let listen: std::net::SocketAddr = format!("{}:0", lab.ip(1)).parse().unwrap();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.dhcp = settings;
+        cfg.listen = listen;
+    })
+    .await;
+    server
+        .publish_query(good_bundle("demo", "1", b"k"), "?tag=demo:stable")
+        .await;
+    let hw = [0x52, 0x54, 0, 0x7a, n as u8, 1];
+    let mac = format!("52-54-00-7a-{n:02x}-01");
+    server.assign(&mac, "demo:stable").await;
+
+    // iPXE's DORA from the client namespace: the MAC now holds a lease.
+    let sock = client_socket(&client);
+    let (_, vendor, arch, ipxe, _) = CLASSES[4];
+    let discover = request(
+        hw,
+        0x7a00,
+        v4::MessageType::Discover,
+        class_options(vendor, arch, ipxe),
+    );
+    let offers = tokio::task::block_in_place(|| {
+        exchange(&sock, &discover, 0x7a00, Duration::from_millis(800))
+    });
+    assert_eq!(offers.len(), 1, "{offers:?}");
+    let leased = offers[0].yiaddr();
+    let mut opts = class_options(vendor, arch, ipxe);
+    opts.push(v4::DhcpOption::ServerIdentifier(lab.ip(1)));
+    opts.push(v4::DhcpOption::RequestedIpAddress(leased));
+    let req = request(hw, 0x7a01, v4::MessageType::Request, opts);
+    let acks =
+        tokio::task::block_in_place(|| exchange(&sock, &req, 0x7a01, Duration::from_millis(800)));
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].opts().msg_type(), Some(v4::MessageType::Ack));
+
+    // From the server's own address (any host but the node): refused, nothing recorded.
+    let (_, before) = server.json(&format!("/api/v1/nodes/{mac}")).await;
+    let script = format!("/boot/node.ipxe?mac={mac}");
+    let r = reqwest::get(server.url(&script)).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let body = r.text().await.unwrap();
+    assert!(body.contains(&leased.to_string()), "{body}");
+    let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
+    assert_eq!(node["state"], before["state"], "{node}");
+    assert_eq!(
+        node["boots"], before["boots"],
+        "no boot was recorded: {node}"
+    );
+
+    // From the leased address, as the node itself asks: its boot script.
+    sh(&format!("ip -n {client} addr add {leased}/24 dev eth0"));
+    let out = sh(&format!(
+        "ip netns exec {client} curl -s -w '\\n%{{http_code}}' '{}'",
+        server.url(&script)
+    ));
+    assert!(out.ends_with("\n200"), "{out}");
+    assert!(out.contains("kernel "), "{out}");
+    let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
+    assert_eq!(node["state"], "provisioning", "{node}");
+    server.stop().await;
+}
+
+/// Proxy mode sees no lease of ours, but the broadcast DHCPREQUEST names the address
+/// the node asked the site's server for: a boot from elsewhere is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_proxy_mode_a_boot_must_come_from_the_address_the_node_asked_for() {
+    require(&[("ip", "iproute2")]);
+    let mut lab = Lab::new();
+    let client = lab.host("prq", None);
+    let n = lab.n;
+    let settings = lab.settings(Mode::Proxy);
+    let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
+    server
+        .publish_query(good_bundle("demo", "1", b"k"), "?tag=demo:stable")
+        .await;
+    let hw = [0x52, 0x54, 0, 0x7b, n as u8, 1];
+    let mac = format!("52-54-00-7b-{n:02x}-01");
+    server.assign(&mac, "demo:stable").await;
+    let script = format!("/boot/node.ipxe?mac={mac}");
+
+    // Nothing seen yet: the address cannot be checked, the node boots (and may once).
+    let r = reqwest::get(server.url(&script)).await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    let sock = client_socket(&client);
+    let (_, vendor, arch, ipxe, _) = CLASSES[4];
+    let mut opts = class_options(vendor, arch, ipxe);
+    opts.push(v4::DhcpOption::ServerIdentifier(lab.ip(9)));
+    opts.push(v4::DhcpOption::RequestedIpAddress(lab.ip(42)));
+    let req = request(hw, 0x7b01, v4::MessageType::Request, opts);
+    // The REQUEST is for the site's server; our proxy only listens.
+    tokio::task::block_in_place(|| exchange(&sock, &req, 0x7b01, Duration::from_millis(300)));
+
+    let r = reqwest::get(server.url(&script)).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(&lab.ip(42).to_string()) && body.contains("ask for"),
+        "{body}"
+    );
+    server.stop().await;
+}

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The admin API's own listener, when the settings give it one (`admin_listen`).
+    pub admin_addr: Option<SocketAddr>,
     pub token: String,
     pub data: tempfile::TempDir,
     pub http: reqwest::Client,
@@ -50,9 +52,22 @@ impl TestServer {
         bootfleet::server::start_tftp(&cfg, &state, shutdown.clone())
             .await
             .expect("TFTP starts");
-        let task = tokio::spawn(bootfleet::server::run(listener, state, shutdown.clone()));
+        let admin = cfg
+            .admin_listen
+            .map(|a| bootfleet::server::listen(a).unwrap());
+        let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
+        let listeners = bootfleet::server::Listeners {
+            boot: listener,
+            admin,
+        };
+        let task = tokio::spawn(bootfleet::server::run_on(
+            listeners,
+            state,
+            shutdown.clone(),
+        ));
         Self {
             addr,
+            admin_addr,
             token,
             data,
             http: reqwest::Client::new(),
@@ -257,4 +272,34 @@ pub fn run_detached(mut sh: std::process::Command, script: &str, what: &str) {
         .status()
         .unwrap();
     assert!(started.success(), "cannot start {what}");
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs (apt-get install mount; the tests run as root)")
+            .success();
+        assert!(ok, "cannot mount a tmpfs (the tests run as root)");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
 }

@@ -293,3 +293,46 @@ async fn publishes_past_the_cap_wait_and_downloads_go_on() {
     assert_eq!(status, 201);
     server.stop().await;
 }
+
+/// `/readyz` says not ready while the data directory's disk is full (less free space than
+/// a publish keeps back, or a write that cannot commit) and ready again once space is
+/// back: a server that answers reads but cannot record boots is not ready.
+#[tokio::test]
+async fn readyz_fails_while_the_disk_is_full_and_recovers() {
+    let fs = crate::harness::Tmpfs::mount("24m");
+    let data = fs.path().join("data");
+    let server = TestServer::start_configured(|cfg| {
+        cfg.data_dir = data;
+        cfg.limits.min_free_bytes = 2 << 20;
+    })
+    .await;
+    let ready = || async {
+        let r = reqwest::get(server.url("/readyz")).await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<serde_json::Value>().await.unwrap())
+    };
+    let (status, body) = ready().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["writes"], "ok", "{body}");
+
+    let filler = fs.path().join("filler");
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let (status, body) = ready().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["ready"], false);
+    assert!(
+        body["blobs"].as_str().unwrap().contains("min_free_bytes"),
+        "{body}"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    let (status, body) = ready().await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}

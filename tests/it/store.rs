@@ -7,6 +7,8 @@
 use std::collections::BTreeSet;
 
 use bootfleet::api::{Digest, Mac, NodeState};
+
+use crate::harness::Tmpfs;
 use bootfleet::store::{
     Attached, CasOutcome, Fetch, InsertOutcome, KeyClaim, LeaseRow, NewBoot, NewImage,
     ReimageDecision, ReimageOutcome, Store, StoreUrl,
@@ -624,42 +626,16 @@ async fn postgres_wakes_event_readers_on_every_server() {
     b.close().await;
 }
 
-/// A tmpfs mounted for one test, unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("mount runs (apt-get install mount; the tests run as root)")
-            .success();
-        assert!(ok, "cannot mount a tmpfs (the tests run as root)");
-        Self(dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.0.path())
-            .status();
-    }
-}
-
 /// "Database or disk is full" for a while, then space again: every write works again,
 /// sequential and concurrent (a failed COMMIT must not leave a pooled connection in a
 /// transaction that refuses every later write).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_writes_recover_after_the_disk_was_full() {
     let fs = Tmpfs::mount("4m");
-    let url = StoreUrl::Sqlite(fs.0.path().join("bootfleet.db"));
+    let url = StoreUrl::Sqlite(fs.path().join("bootfleet.db"));
     let store = bootfleet::store::open(&url, None).await.unwrap();
     // Fill the disk, then write until the store says it is full.
-    let filler = fs.0.path().join("filler");
+    let filler = fs.path().join("filler");
     {
         use std::io::Write as _;
         let mut f = std::fs::File::create(&filler).unwrap();
@@ -688,6 +664,10 @@ async fn sqlite_writes_recover_after_the_disk_was_full() {
             .await
             .unwrap_or_else(|e| panic!("write {i} after space came back: {e}"));
     }
+    store
+        .probe_write("readyz", 1)
+        .await
+        .expect("/readyz's write probe commits again");
     let writes = (0..40u32).map(|i| {
         let store = store.clone();
         tokio::spawn(async move { store.discover(&mac(3100 + i), None, "after").await })

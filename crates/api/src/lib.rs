@@ -23,7 +23,11 @@ pub struct Readiness {
     pub ready: bool,
     /// `ok`, or the database error.
     pub database: String,
-    /// `ok`, or what is wrong with the blob directory.
+    /// `ok`, or why a write to the store did not commit (a full disk, a read-only
+    /// replica): a server that answers reads but cannot record boots is not ready.
+    pub writes: String,
+    /// `ok`, or what is wrong with the blob directory (missing, or less free space than a
+    /// publish keeps back).
     pub blobs: String,
 }
 

@@ -22,6 +22,7 @@ use crate::api::image::Role;
 use crate::api::refs::ImageRef;
 use crate::boot::script::{BootTemplates, ImageBoot, InitrdRef, NodeBoot, TemplateError, blob_url};
 use crate::image::manifest::Manifest;
+use crate::node::boot_guard::Refusal;
 use crate::node::controller::{ControlError, NodeController};
 use crate::node::state::NodeEvent;
 use crate::registry::Registry;
@@ -35,6 +36,9 @@ pub enum BootError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    /// The request may not start a boot (wrong address, or too many boots of its MAC).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
 }
 
 pub struct NodeService {
@@ -47,6 +51,10 @@ pub struct NodeService {
     pub policy: crate::node::policy::LifecyclePolicy,
     /// Published images never change, so what a boot needs of one is parsed once.
     pub images: ImageCache,
+    /// Who may start a new boot of a MAC.
+    pub guard: crate::node::boot_guard::BootGuard,
+    /// What DHCP saw of each MAC on the wire; set when this server runs DHCP.
+    pub addresses: std::sync::OnceLock<Arc<dyn crate::dhcp::directory::AddressBook>>,
 }
 
 /// What a boot needs of an image, parsed once per digest.
@@ -89,6 +97,12 @@ impl NodeService {
     }
 }
 
+static WRONG_ADDRESS: crate::node::sampled::Sampled = crate::node::sampled::Sampled::new(
+    "boot requests refused: not from the address DHCP saw the MAC use",
+);
+static TOO_SOON: crate::node::sampled::Sampled =
+    crate::node::sampled::Sampled::new("boot requests refused: too many boots of one MAC");
+
 /// A fresh random secret as lowercase hex.
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
@@ -101,12 +115,13 @@ impl NodeService {
         Ok(self.templates.entry(server)?)
     }
 
-    /// The script for `mac`, recording what happened.
+    /// The script for `mac`, asked for from `from`, recording what happened.
     pub async fn node_script(
         &self,
         server: &str,
         mac: &Mac,
         uuid: Option<&str>,
+        from: Option<std::net::IpAddr>,
     ) -> Result<String, BootError> {
         let hyphens = mac.to_string().replace(':', "-");
         let Some((node, new)) = self
@@ -140,6 +155,20 @@ impl NodeService {
                 node.state.as_str(),
                 &node.state_reason,
             )?);
+        }
+        let now = crate::clock::now_ms();
+        let seen = self
+            .addresses
+            .get()
+            .and_then(|book| book.address_of(*mac, now));
+        if let Err(refusal) = self.guard.admit(mac, from, seen, now) {
+            // Counted, not logged one by one: unauthenticated traffic may flood.
+            match refusal {
+                Refusal::Elsewhere { .. } => WRONG_ADDRESS.note(),
+                Refusal::TooSoon { .. } => TOO_SOON.note(),
+            }
+            tracing::debug!(%mac, reason = %refusal, "boot request refused");
+            return Err(refusal.into());
         }
         let boot_id = random_hex(8);
         let image = match self.resolve_image(server, &assigned, &boot_id).await? {

@@ -143,4 +143,22 @@ impl Backend for PgStore {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
+    async fn probe_write(&self, server: &str, now_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.tx().await?;
+        sqlx::query(
+            "INSERT INTO write_probes (server, at_ms) VALUES ($1, $2)
+             ON CONFLICT (server) DO UPDATE SET at_ms = excluded.at_ms",
+        )
+        .bind(server)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        // Servers that stopped leave a row each; a day on, theirs go.
+        sqlx::query("DELETE FROM write_probes WHERE at_ms < $1")
+            .bind(now_ms - 86_400_000)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
 }
