@@ -1,10 +1,8 @@
 //! The `bootfleet` binary: server and admin CLI in one.
 
-use clap::Parser;
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = bootfleet::cli::Cli::parse();
+    let cli = bootfleet::cli::parse();
     if !matches!(cli.command, bootfleet::cli::Command::Serve(_)) {
         quiet_on_closed_pipe();
     }

@@ -29,8 +29,8 @@ pub use output::OutputFormat;
         {\"error\", \"class\", \"status\"}."
 )]
 pub struct Cli {
-    /// Server URL for admin commands [default: the --config file's listen address, else
-    /// http://127.0.0.1:8080].
+    /// Server URL for admin commands [default: the --config file's admin_listen or listen
+    /// address, else http://127.0.0.1:8080].
     #[arg(long, global = true, env = "BOOTFLEET_SERVER")]
     pub server: Option<String>,
     /// Admin bearer token (default: read <data-dir>/admin.token).
@@ -62,6 +62,29 @@ pub enum Command {
     /// List, show, assign, label, reimage and revalidate nodes; their history and events.
     #[command(subcommand)]
     Node(node::NodeCommand),
+}
+
+/// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
+const ADMIN_ONLY_GLOBALS: [&str; 3] = ["server", "token", "output"];
+
+/// The command line definition as parsed: the derive's, with the admin-only globals
+/// hidden under `serve` (clap propagates globals to every subcommand; `build` does that
+/// first, so that they can be hidden there).
+pub fn command() -> clap::Command {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    cmd.mut_subcommand("serve", |serve| {
+        ADMIN_ONLY_GLOBALS
+            .iter()
+            .fold(serve, |s, id| s.mut_arg(*id, |a| a.hide(true)))
+    })
+}
+
+/// Parses the process's arguments with `command()`; exits with clap's message on error.
+pub fn parse() -> Cli {
+    use clap::FromArgMatches as _;
+    let matches = command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -104,6 +127,28 @@ mod tests {
             &mut missing,
         );
         assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+
+    /// `serve --help` lists what the server reads, not the admin commands' globals.
+    #[test]
+    fn serve_help_lists_no_admin_only_globals() {
+        let mut cmd = super::command();
+        let serve = cmd.find_subcommand_mut("serve").unwrap();
+        let help = serve.render_long_help().to_string();
+        for hidden in ["--server", "--token", "--output"] {
+            assert!(!help.contains(hidden), "{hidden} in serve --help:\n{help}");
+        }
+        for shown in ["--config", "--data-dir", "--listen", "--admin-listen"] {
+            assert!(help.contains(shown), "{shown} missing from serve --help");
+        }
+        let mut cmd = super::command();
+        let node = cmd.find_subcommand_mut("node").unwrap();
+        let list = node.find_subcommand_mut("list").unwrap();
+        let help = list.render_long_help().to_string();
+        assert!(
+            help.contains("--server") && help.contains("--output"),
+            "{help}"
+        );
     }
 
     #[test]
