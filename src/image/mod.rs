@@ -6,6 +6,7 @@ pub mod bundle;
 pub mod bundle_path;
 pub mod cache;
 pub mod canonical;
+pub mod exercise;
 pub mod manifest;
 pub mod objects;
 pub mod tar_guard;

@@ -2,6 +2,7 @@
 //! transfer state machine, plus a thin tokio socket loop.
 
 pub mod client;
+pub mod exercise;
 pub mod files;
 pub mod metrics;
 pub mod options;

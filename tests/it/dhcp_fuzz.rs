@@ -8,19 +8,7 @@ use std::net::Ipv4Addr;
 use bootfleet::dhcp::exercise::exercise;
 use bootfleet::dhcp::leases::{Leases, PoolConfig};
 
-/// xorshift64: reproducible, no RNG crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use crate::harness::{Rng, mutate};
 
 fn packet(options: &[(u8, &[u8])], giaddr: [u8; 4]) -> Vec<u8> {
     let mut p = vec![0u8; 236];
@@ -132,22 +120,8 @@ fn random_and_mutated_datagrams_never_panic() {
             (0..len).map(|_| rng.next() as u8).collect::<Vec<u8>>()
         } else {
             let mut p = seeds[rng.below(seeds.len())].clone();
-            for _ in 0..1 + rng.below(4) {
-                match rng.below(4) {
-                    0 if !p.is_empty() => {
-                        let at = rng.below(p.len());
-                        p[at] = rng.next() as u8;
-                    }
-                    0 => {}
-                    1 => p.truncate(rng.below(p.len() + 1)),
-                    2 => {
-                        let at = 240 + rng.below(p.len().saturating_sub(240).max(1));
-                        let at = at.min(p.len());
-                        p.insert(at, rng.next() as u8);
-                    }
-                    _ => p.extend((0..rng.below(40)).map(|_| rng.next() as u8)),
-                }
-            }
+            // Insertions go among the options, past the fixed header and cookie.
+            mutate(&mut rng, &mut p, 240);
             p
         };
         if exercise(&bytes, &mut leases, i * 1000) {

@@ -303,3 +303,40 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// xorshift64: reproducible, no RNG crate.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// One to four mutations of `p`, as fuzzers make them: a byte changed, a cut, a byte
+/// inserted (at `insert_from` or later), random bytes appended.
+pub fn mutate(rng: &mut Rng, p: &mut Vec<u8>, insert_from: usize) {
+    for _ in 0..1 + rng.below(4) {
+        match rng.below(4) {
+            0 if !p.is_empty() => {
+                let at = rng.below(p.len());
+                p[at] = rng.next() as u8;
+            }
+            0 => {}
+            1 => p.truncate(rng.below(p.len() + 1)),
+            2 => {
+                let at = insert_from + rng.below(p.len().saturating_sub(insert_from).max(1));
+                let at = at.min(p.len());
+                p.insert(at, rng.next() as u8);
+            }
+            _ => p.extend((0..rng.below(40)).map(|_| rng.next() as u8)),
+        }
+    }
+}

@@ -9,6 +9,7 @@ mod dhcp_fuzz;
 mod dhcp_net;
 mod e2e;
 mod fake_node;
+mod fuzz;
 mod harness;
 mod layers;
 mod lifecycle;
