@@ -11,15 +11,25 @@ use super::output::{OutputFormat, emit};
 use crate::api::Mac;
 use crate::api::event::EventPage;
 use crate::api::node::{
-    AssignRequest, LabelRequest, Node, NodeDetail, ReimageAccepted, ReimageRequest,
+    AssignRequest, LabelRequest, Node, NodeDetail, NodeQuery, ReimageAccepted, ReimageRequest,
     RevalidateAccepted,
 };
 use crate::api::refs::ImageRef;
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
-    /// List nodes with their state and assigned image.
-    List,
+    /// List nodes with their state and assigned image; the filters given must all hold.
+    List {
+        /// Only nodes in these states, comma-separated (ready,validation-failed).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only nodes assigned this REF, exactly as assigned (demo:stable).
+        #[arg(long)]
+        image: Option<String>,
+        /// Only nodes whose labels match: k=v, k!=v, k (has it), !k (has not), comma-separated.
+        #[arg(long, short = 'l')]
+        selector: Option<String>,
+    },
     /// Show one node (NODE is its MAC): state, labels, last boots, state history.
     Show {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
@@ -83,9 +93,18 @@ fn mac(s: &str) -> anyhow::Result<Mac> {
 
 pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow::Result<()> {
     match cmd {
-        NodeCommand::List => {
+        NodeCommand::List {
+            state,
+            image,
+            selector,
+        } => {
+            let query = NodeQuery {
+                state,
+                image,
+                selector,
+            };
             let nodes: Vec<Node> = client
-                .send(client.request(Method::GET, "/api/v1/nodes"))
+                .send(client.request(Method::GET, "/api/v1/nodes").query(&query))
                 .await?;
             emit(out, &nodes, |nodes| print_nodes(nodes))
         }

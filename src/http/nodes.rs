@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::error::ApiError;
 use crate::api::Mac;
-use crate::api::node::{AssignRequest, LabelRequest, Node, NodeDetail, ReimageRequest};
+use crate::api::node::{AssignRequest, LabelRequest, Node, NodeDetail, NodeQuery, ReimageRequest};
 use crate::node::boot_guard::Refusal;
 use crate::node::service::BootError;
 use crate::node::service::admin::AdminError;
@@ -50,7 +50,7 @@ pub async fn entry(
 }
 
 #[derive(Deserialize)]
-pub struct NodeQuery {
+pub struct ScriptQuery {
     mac: Option<String>,
     uuid: Option<String>,
 }
@@ -59,7 +59,7 @@ pub async fn node_script(
     State(state): State<AppState>,
     headers: HeaderMap,
     peer: Option<Extension<super::serve::Peer>>,
-    Query(q): Query<NodeQuery>,
+    Query(q): Query<ScriptQuery>,
 ) -> Result<Response, ApiError> {
     let mac: Mac = q
         .mac
@@ -125,8 +125,12 @@ fn admin_error(e: AdminError) -> ApiError {
     }
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Node>>, ApiError> {
-    state.nodes.list().await.map(Json).map_err(admin_error)
+/// `GET /api/v1/nodes?state=&image=&selector=`.
+pub async fn list(
+    State(state): State<AppState>,
+    Query(q): Query<NodeQuery>,
+) -> Result<Json<Vec<Node>>, ApiError> {
+    state.nodes.list(&q).await.map(Json).map_err(admin_error)
 }
 
 pub async fn show(

@@ -1,5 +1,6 @@
 //! Nodes: the lifecycle state machine, attestation, validation and drift judgements and
-//! lifecycle policy (all pure), who may start a boot (`boot_guard`), and the controller,
+//! lifecycle policy (all pure), who may start a boot (`boot_guard`), which nodes a query
+//! means (`selector`), and the controller,
 //! the one writer of node state.
 
 pub mod attest;
@@ -10,6 +11,7 @@ pub mod drift;
 pub mod policy;
 pub mod reimage;
 pub mod sampled;
+pub mod selector;
 pub mod service;
 pub mod state;
 pub mod sweeper;

@@ -220,6 +220,22 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
         ok && text.contains("52:54:00:aa:bb:01") && text.contains("provisioning"),
         "{text}"
     );
+    cli_json(
+        &server,
+        &data,
+        &["node", "assign", "52-54-00-aa-bb-02", "demo:1.0"],
+    );
+    let count = |args: &[&str]| {
+        let mut all = vec!["node", "list"];
+        all.extend_from_slice(args);
+        cli_json(&server, &data, &all).as_array().unwrap().len()
+    };
+    assert_eq!(count(&[]), 2);
+    assert_eq!(count(&["--selector", "rack=r1"]), 1);
+    assert_eq!(count(&["-l", "!rack", "--image", "demo:1.0"]), 1);
+    assert_eq!(count(&["--state", "provisioning,ready"]), 1);
+    let (ok, _, stderr) = cli(&server, &data, &["node", "list", "--state", "redy"]);
+    assert!(!ok && stderr.contains("not a node state"), "{stderr}");
     let reimaged = cli_json(
         &server,
         &data,

@@ -99,6 +99,21 @@ pub struct Node {
     pub bmc: Option<Bmc>,
 }
 
+/// `GET /api/v1/nodes` query: which nodes to list. Every part given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeQuery {
+    /// States, comma-separated (`ready,validation-failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The image REF exactly as assigned (`demo:stable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// A label selector: `k=v`, `k!=v`, `k` (has the label), `!k` (has not), comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
 /// A node's baseboard management controller. Credentials are never stored here, only the
 /// name of the secret that holds them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

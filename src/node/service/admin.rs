@@ -3,8 +3,9 @@
 //! the errors.
 
 use crate::api::Mac;
-use crate::api::node::{LabelRequest, Node, NodeDetail, RevalidateAccepted};
+use crate::api::node::{LabelRequest, Node, NodeDetail, NodeQuery, RevalidateAccepted};
 use crate::api::refs::ImageRef;
+use crate::node::selector::NodeFilter;
 use crate::registry::RegistryError;
 
 use super::NodeService;
@@ -66,9 +67,15 @@ fn visible(c: char) -> bool {
 }
 
 impl NodeService {
-    pub async fn list(&self) -> Result<Vec<Node>, AdminError> {
+    /// The nodes `query` means (every node for an empty one).
+    pub async fn list(&self, query: &NodeQuery) -> Result<Vec<Node>, AdminError> {
+        let filter = NodeFilter::parse(query).map_err(AdminError::BadRequest)?;
         let nodes = self.store.nodes().await?;
-        Ok(nodes.into_iter().map(Node::from).collect())
+        Ok(nodes
+            .into_iter()
+            .map(Node::from)
+            .filter(|n| filter.matches(n))
+            .collect())
     }
 
     pub async fn show(&self, mac: &Mac) -> Result<NodeDetail, AdminError> {
