@@ -1,5 +1,6 @@
 //! Command line: `bootfleet serve` and the admin commands, which talk to the server over HTTP.
 
+mod bulk;
 pub mod client;
 mod image;
 mod node;

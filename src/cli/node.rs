@@ -35,13 +35,17 @@ pub enum NodeCommand {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
     },
-    /// Assign REF (sha256:<hex>, NAME:VERSION or NAME:TAG) to a node; a tag is followed at
-    /// each boot. An unknown MAC is registered.
+    /// Assign REF (sha256:<hex>, NAME:VERSION or NAME:TAG) to nodes: `assign NODE... REF`
+    /// or `assign --selector S REF`. A tag is followed at each boot; an unknown MAC is
+    /// registered.
     Assign {
-        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
-        node: String,
-        /// The image to boot: sha256:<hex>, NAME:VERSION or NAME:TAG.
-        reference: String,
+        /// The nodes' MACs (52:54:00:12:34:56 or 52-54-00-12-34-56), then the image to
+        /// boot: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        #[arg(required = true, value_name = "NODE... REF")]
+        args: Vec<String>,
+        /// Every node whose labels match instead of MACs (k=v, k!=v, k, !k).
+        #[arg(long, short = 'l')]
+        selector: Option<String>,
     },
     /// Set labels (key=value) and remove them (key-), for grouping by rack, SKU...
     Label {
@@ -72,8 +76,12 @@ pub enum NodeCommand {
     /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
     /// disruption budget (retry later); the same --idempotency-key gets the first answer.
     Reimage {
-        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
-        node: String,
+        /// The nodes' MACs (52:54:00:12:34:56 or 52-54-00-12-34-56); or --selector.
+        nodes: Vec<String>,
+        /// Every node whose labels match instead of MACs (k=v, k!=v, k, !k); each is
+        /// asked in turn, and those over the budget are reported refused.
+        #[arg(long, short = 'l')]
+        selector: Option<String>,
         /// Why (recorded in the node's history and events), for example "XID 79 on GPU 3".
         #[arg(long)]
         reason: String,
@@ -81,7 +89,7 @@ pub enum NodeCommand {
         #[arg(long)]
         image: Option<String>,
         /// A key for this request (a ticket number): a retry with the same key gets the
-        /// first answer and changes nothing.
+        /// first answer and changes nothing. With several nodes, each gets KEY/MAC.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
@@ -114,24 +122,37 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 .await?;
             emit(out, &d, print_detail)
         }
-        NodeCommand::Assign { node, reference } => {
+        NodeCommand::Assign { mut args, selector } => {
+            let reference = args.pop().expect("clap requires one");
             let r = ImageRef::parse(&reference)?;
-            let n: Node = client
-                .send(
-                    client
-                        .request(Method::PUT, &format!("/api/v1/nodes/{}/image", mac(&node)?))
-                        .json(&AssignRequest {
-                            image: r.to_string(),
-                        }),
-                )
-                .await?;
-            emit(out, &n, |n| {
-                println!(
+            let single = args.len() == 1 && selector.is_none();
+            let nodes = super::bulk::targets(client, &args, selector).await?;
+            let assign = |mac: Mac| {
+                let req = client
+                    .request(Method::PUT, &format!("/api/v1/nodes/{mac}/image"))
+                    .json(&AssignRequest {
+                        image: r.to_string(),
+                    });
+                async move { client.send::<Node>(req).await }
+            };
+            let line = |n: &Node| {
+                format!(
                     "{} boots {} from its next boot",
                     n.mac,
                     n.assigned.as_deref().unwrap_or("-")
                 )
-            })
+            };
+            if single {
+                let n = assign(nodes[0]).await?;
+                return emit(out, &n, |n| println!("{}", line(n)));
+            }
+            super::bulk::run_each(
+                &nodes,
+                out,
+                |v| as_text(v, line),
+                |mac| async move { Ok(serde_json::to_value(assign(mac).await?)?) },
+            )
+            .await
         }
         NodeCommand::Label { node, labels } => {
             let request = parse_labels(&labels)?;
@@ -150,7 +171,8 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             })
         }
         NodeCommand::Reimage {
-            node,
+            nodes,
+            selector,
             reason,
             image,
             idempotency_key,
@@ -158,19 +180,39 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             if let Some(r) = &image {
                 ImageRef::parse(r)?;
             }
-            let mut req = client
-                .request(
-                    Method::POST,
-                    &format!("/api/v1/nodes/{}/reimage", mac(&node)?),
-                )
-                .json(&ReimageRequest { reason, image });
-            if let Some(key) = &idempotency_key {
-                req = req.header("idempotency-key", key);
+            let single = nodes.len() == 1 && selector.is_none();
+            let targets = super::bulk::targets(client, &nodes, selector).await?;
+            let reimage = |mac: Mac| {
+                let mut req = client
+                    .request(Method::POST, &format!("/api/v1/nodes/{mac}/reimage"))
+                    .json(&ReimageRequest {
+                        reason: reason.clone(),
+                        image: image.clone(),
+                    });
+                if let Some(key) = &idempotency_key {
+                    let key = if single {
+                        key.clone()
+                    } else {
+                        format!("{key}/{mac}")
+                    };
+                    req = req.header("idempotency-key", key);
+                }
+                async move { client.send::<ReimageAccepted>(req).await }
+            };
+            let line = |a: &ReimageAccepted| {
+                format!("{}: {} ({})", a.node.mac, a.outcome, a.node.state_reason)
+            };
+            if single {
+                let answer = reimage(targets[0]).await?;
+                return emit(out, &answer, |a| println!("{}", line(a)));
             }
-            let answer: ReimageAccepted = client.send(req).await?;
-            emit(out, &answer, |a| {
-                println!("{}: {} ({})", a.node.mac, a.outcome, a.node.state_reason);
-            })
+            super::bulk::run_each(
+                &targets,
+                out,
+                |v| as_text(v, line),
+                |mac| async move { Ok(serde_json::to_value(reimage(mac).await?)?) },
+            )
+            .await
         }
         NodeCommand::Events { node, since } => {
             let page: EventPage = client
@@ -208,6 +250,16 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             })
         }
     }
+}
+
+/// A bulk result's answer as its text line (`line` of the type the server sent).
+fn as_text<T: serde::de::DeserializeOwned>(
+    v: &serde_json::Value,
+    line: impl Fn(&T) -> String,
+) -> String {
+    serde_json::from_value::<T>(v.clone())
+        .map(|t| line(&t))
+        .unwrap_or_else(|_| v.to_string())
 }
 
 fn labels_of(n: &Node) -> Vec<String> {

@@ -254,6 +254,60 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
     let (ok, _, stderr) = cli(&server, &data, &["node", "label", mac, "nonsense"]);
     assert!(!ok && stderr.contains("key=value"), "{stderr}");
 
+    // Many nodes at once: MACs, or a selector; one result per node.
+    let (b2, b3) = ("52-54-00-aa-bb-02", "52-54-00-aa-bb-03");
+    let bulk = cli_json(&server, &data, &["node", "assign", b2, b3, "demo:stable"]);
+    let results = bulk.as_array().unwrap();
+    assert_eq!(results.len(), 2, "{bulk}");
+    assert!(
+        results
+            .iter()
+            .all(|r| r["answer"]["assigned"] == "demo:stable"),
+        "{bulk}"
+    );
+    assert_eq!(count(&["--image", "demo:stable"]), 3);
+    cli_json(&server, &data, &["node", "label", b3, "rack=r2"]);
+    let by_selector = cli_json(
+        &server,
+        &data,
+        &["node", "reimage", "-l", "rack=r2", "--reason", "rollout 9"],
+    );
+    assert_eq!(by_selector[0]["mac"], "52:54:00:aa:bb:03", "{by_selector}");
+    assert_eq!(
+        by_selector[0]["answer"]["outcome"], "accepted",
+        "{by_selector}"
+    );
+    // One node refused does not stop the others; the command fails and says how many.
+    let (ok, text, stderr) = cli(
+        &server,
+        &data,
+        &[
+            "node",
+            "reimage",
+            "52-54-00-ff-ff-fe",
+            b2,
+            "--reason",
+            "rollout 9",
+        ],
+    );
+    assert!(!ok && stderr.contains("1 of 2"), "{stderr}");
+    assert!(
+        text.contains("52:54:00:ff:ff:fe: error") && text.contains("52:54:00:aa:bb:02: accepted"),
+        "{text}"
+    );
+    let (ok, _, stderr) = cli(
+        &server,
+        &data,
+        &["node", "reimage", "-l", "rack=r404", "--reason", "x"],
+    );
+    assert!(!ok && stderr.contains("no node matches"), "{stderr}");
+    let (ok, _, stderr) = cli(
+        &server,
+        &data,
+        &["node", "assign", b2, "-l", "rack=r2", "demo:stable"],
+    );
+    assert!(!ok && stderr.contains("not both"), "{stderr}");
+
     let verify = cli_json(&server, &data, &["image", "verify"]);
     assert_eq!(verify["quarantined"], serde_json::json!([]));
     let gc = cli_json(&server, &data, &["image", "gc"]);
