@@ -293,9 +293,21 @@ impl Registry {
     }
 
     pub async fn tag_history(&self, tag: &TagName) -> Result<Vec<TagMove>, RegistryError> {
-        let history = self.store.tag_history(tag).await?;
+        let mut history = self.store.tag_history(tag).await?;
         if history.is_empty() {
             return Err(RegistryError::NotFound(format!("no tag {tag}")));
+        }
+        // Versions say more to a reader than digests; each image is read once.
+        let mut versions: std::collections::HashMap<Digest, Option<String>> = Default::default();
+        for m in &mut history {
+            for digest in m.from.iter().chain([&m.to]) {
+                if !versions.contains_key(digest) {
+                    let version = self.store.image(digest).await?.map(|i| i.version);
+                    versions.insert(*digest, version);
+                }
+            }
+            m.from_version = m.from.and_then(|d| versions[&d].clone());
+            m.to_version = versions[&m.to].clone().unwrap_or_default();
         }
         Ok(history)
     }

@@ -112,11 +112,15 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                 .await?;
             emit(out, &moves, |moves| {
                 for m in moves {
-                    let from = m
-                        .from
-                        .map(|d| d.to_string())
-                        .unwrap_or_else(|| "(new)".into());
-                    println!("{}  {}  {} -> {}", m.at, m.actor, from, m.to);
+                    let from = match (&m.from, &m.from_version) {
+                        (Some(d), Some(v)) => format!("{v} ({d})"),
+                        (Some(d), None) => d.to_string(),
+                        (None, _) => "(new)".into(),
+                    };
+                    println!(
+                        "{}  {}  {} -> {} ({})",
+                        m.at, m.actor, from, m.to_version, m.to
+                    );
                 }
             })
         }

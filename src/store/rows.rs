@@ -248,6 +248,8 @@ pub(crate) fn tag_history(
                 tag: tag.to_string(),
                 from: from.as_deref().map(parse_digest).transpose()?,
                 to: parse_digest(&to)?,
+                from_version: None,
+                to_version: String::new(),
                 actor,
                 at: format_ms(at),
             })

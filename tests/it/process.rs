@@ -167,6 +167,15 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
     assert_eq!(history.as_array().unwrap().len(), 3);
     assert_eq!(history[1]["to"], v2["digest"]);
     assert!(history[2]["actor"].as_str().unwrap().starts_with("admin ("));
+    // Each move names versions, not only digests.
+    assert_eq!(history[1]["from_version"], "1.0");
+    assert_eq!(history[1]["to_version"], "2.0");
+    assert_eq!(history[2]["to_version"], "1.0");
+    let (ok, text, _) = cli(&server, &data, &["image", "history", "demo:stable"]);
+    assert!(
+        ok && text.contains("1.0 (sha256:") && text.contains("-> 2.0 (sha256:"),
+        "{text}"
+    );
 
     let shown = cli_json(&server, &data, &["image", "show", "demo:stable"]);
     assert_eq!(shown["version"], "1.0");

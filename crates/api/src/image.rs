@@ -80,6 +80,12 @@ pub struct TagMove {
     pub tag: String,
     pub from: Option<Digest>,
     pub to: Digest,
+    /// The version of the image `from` names (a tag points at images of its own name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_version: Option<String>,
+    /// The version of the image `to` names.
+    #[serde(default)]
+    pub to_version: String,
     pub actor: String,
     pub at: String,
 }
