@@ -242,6 +242,22 @@ impl Registry {
     }
 
     pub async fn resolve(&self, r: &ImageRef) -> Result<Digest, RegistryError> {
+        if let ImageRef::DigestPrefix(p) = r {
+            let found = self.store.digests_with_prefix(p, 3).await?;
+            return match found.as_slice() {
+                [] => Err(RegistryError::NotFound(format!("no image {r}"))),
+                [one] => Ok(*one),
+                several => Err(RegistryError::Invalid(format!(
+                    "{r} is ambiguous: {}{}; give more digits",
+                    several[..2]
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if several.len() > 2 { ", ..." } else { "" }
+                ))),
+            };
+        }
         self.store
             .resolve(r)
             .await?

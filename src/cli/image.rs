@@ -29,14 +29,14 @@ pub enum ImageCommand {
     },
     /// List published images.
     List,
-    /// Show one image: REF is sha256:<hex>, NAME:VERSION or NAME:TAG.
+    /// Show one image: REF is sha256:<hex> (or its first 8+ digits), NAME:VERSION or NAME:TAG.
     Show {
-        /// The image: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        /// The image: sha256:<hex> (or its first 8+ digits), NAME:VERSION or NAME:TAG.
         reference: String,
     },
     /// Point NAME:TAG at REF (a rollback is a tag back to the previous digest).
     Tag {
-        /// The image: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        /// The image: sha256:<hex> (or its first 8+ digits), NAME:VERSION or NAME:TAG.
         reference: String,
         /// The tag to move, NAME:TAG.
         tag: String,

@@ -40,7 +40,7 @@ pub enum NodeCommand {
     /// registered.
     Assign {
         /// The nodes' MACs (52:54:00:12:34:56 or 52-54-00-12-34-56), then the image to
-        /// boot: sha256:<hex>, NAME:VERSION or NAME:TAG.
+        /// boot: sha256:<hex> (or its first 8+ digits), NAME:VERSION or NAME:TAG.
         #[arg(required = true, value_name = "NODE... REF")]
         args: Vec<String>,
         /// Every node whose labels match instead of MACs (k=v, k!=v, k, !k).

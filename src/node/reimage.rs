@@ -179,8 +179,12 @@ impl ReimageService {
         let image = match image {
             Some(r) => {
                 let r = ImageRef::parse(r).map_err(|e| ReimageError::BadRequest(e.to_string()))?;
-                self.registry.resolve(&r).await?;
-                Some(r)
+                let digest = self.registry.resolve(&r).await?;
+                // A digest prefix is stored whole: a later image could make it ambiguous.
+                Some(match r {
+                    ImageRef::DigestPrefix(_) => ImageRef::Digest(digest),
+                    r => r,
+                })
             }
             None => None,
         };

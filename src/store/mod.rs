@@ -321,8 +321,15 @@ pub trait ImageStore: Send + Sync {
     /// Whether `img` could be inserted now, without inserting it.
     async fn precheck(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError>;
     async fn insert_image(&self, img: &NewImage<'_>) -> Result<InsertOutcome, StoreError>;
-    /// Resolves a REF: a digest, else `name:version`, else `name:tag`.
+    /// Resolves a REF: a digest, else `name:version`, else `name:tag`; a digest prefix
+    /// when exactly one image's digest begins so.
     async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError>;
+    /// Up to `limit` image digests beginning `sha256:<prefix>`, in order.
+    async fn digests_with_prefix(
+        &self,
+        prefix: &str,
+        limit: i64,
+    ) -> Result<Vec<Digest>, StoreError>;
     async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError>;
     async fn manifest_toml(&self, digest: &Digest) -> Result<Option<String>, StoreError>;
     async fn list_images(&self) -> Result<Vec<Image>, StoreError>;

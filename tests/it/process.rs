@@ -179,6 +179,17 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
 
     let shown = cli_json(&server, &data, &["image", "show", "demo:stable"]);
     assert_eq!(shown["version"], "1.0");
+    // A digest prefix (12 digits here) names the one image it begins.
+    let v1_digest = v1["digest"].as_str().unwrap();
+    let short = &v1_digest[..7 + 12];
+    let by_prefix = cli_json(&server, &data, &["image", "show", short]);
+    assert_eq!(by_prefix["digest"], v1["digest"]);
+    let assigned = cli_json(
+        &server,
+        &data,
+        &["node", "assign", "52-54-00-aa-bb-02", short],
+    );
+    assert_eq!(assigned["assigned"], v1["digest"], "stored whole");
     assert_eq!(shown["artifacts"][0]["path"], "boot/vmlinuz");
     let list = cli_json(&server, &data, &["image", "list"]);
     assert_eq!(list.as_array().unwrap().len(), 2);

@@ -65,6 +65,7 @@ on_both!(
     leases_fetches_tags_and_idempotency_keys_round_trip,
     events_are_pruned_oldest_first_and_numbering_goes_on,
     new_macs_stop_being_recorded_at_the_discovery_cap,
+    digest_prefixes_name_one_image_or_none,
 );
 
 fn mac(i: u32) -> Mac {
@@ -90,6 +91,53 @@ async fn image(store: &Store, name: &str, version: &str) -> Digest {
         InsertOutcome::Inserted
     );
     digest
+}
+
+/// A digest prefix resolves when one image's digest begins so; when several do, the
+/// registry refuses it naming two and asking for more digits.
+async fn digest_prefixes_name_one_image_or_none(db: Db) {
+    let store = db.open().await;
+    let with = |hex_start: &str| -> Digest {
+        format!("sha256:{hex_start}{}", "0".repeat(64 - hex_start.len()))
+            .parse()
+            .unwrap()
+    };
+    let (a, b, c) = (with("0123abcd1"), with("0123abcd2"), with("feedbeef"));
+    for (d, v) in [(a, "1"), (b, "2"), (c, "3")] {
+        let canonical = format!("p:{v}");
+        let img = NewImage {
+            digest: d,
+            name: "p",
+            version: v,
+            manifest_toml: "",
+            canonical: canonical.as_bytes(),
+            artifacts: &[],
+        };
+        store.insert_image(&img).await.unwrap();
+    }
+    let prefix = |p: &str| bootfleet::api::refs::ImageRef::DigestPrefix(p.into());
+    assert_eq!(
+        store.digests_with_prefix("0123abcd", 5).await.unwrap(),
+        [a, b]
+    );
+    assert_eq!(store.resolve(&prefix("0123abcd")).await.unwrap(), None);
+    assert_eq!(store.resolve(&prefix("0123abcd2")).await.unwrap(), Some(b));
+    assert_eq!(store.resolve(&prefix("feedbeef")).await.unwrap(), Some(c));
+    assert_eq!(store.resolve(&prefix("feedbeee")).await.unwrap(), None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let registry = bootfleet::registry::Registry::new(
+        store.clone(),
+        bootfleet::image::blobstore::BlobStore::open(dir.path()).unwrap(),
+        Default::default(),
+    );
+    let err = registry.resolve(&prefix("0123abcd")).await.unwrap_err();
+    assert!(
+        err.to_string().contains("ambiguous") && err.to_string().contains(&a.to_string()),
+        "{err}"
+    );
+    assert_eq!(registry.resolve(&prefix("0123abcd1")).await.unwrap(), a);
+    store.close().await;
 }
 
 async fn compare_and_set_lets_one_writer_win_across_servers(db: Db) {

@@ -8,6 +8,9 @@ use crate::digest::Digest;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageRef {
     Digest(Digest),
+    /// `sha256:` and the first 8 to 63 hex digits of a digest: the one image whose digest
+    /// begins so, refused when several do.
+    DigestPrefix(String),
     /// `name:label`, where label is a version or a tag; versions win (see `store`).
     Named {
         name: String,
@@ -25,7 +28,9 @@ pub enum RefError {
         "invalid {kind} {value:?}: use 1-128 characters from A-Z, a-z, 0-9, '.', '_', '+', '-', starting with a letter or digit"
     )]
     Label { kind: &'static str, value: String },
-    #[error("invalid image reference {0:?}: expected sha256:<hex>, NAME:VERSION or NAME:TAG")]
+    #[error(
+        "invalid image reference {0:?}: expected sha256:<hex> (64 digits, or at least 8 of its first), NAME:VERSION or NAME:TAG"
+    )]
     Ref(String),
 }
 
@@ -87,9 +92,17 @@ impl fmt::Display for TagName {
     }
 }
 
+/// The fewest hex digits a digest prefix may have.
+pub const MIN_DIGEST_PREFIX: usize = 8;
+
 impl ImageRef {
     pub fn parse(s: &str) -> Result<Self, RefError> {
-        if s.starts_with("sha256:") {
+        if let Some(hex) = s.strip_prefix("sha256:") {
+            if (MIN_DIGEST_PREFIX..64).contains(&hex.len())
+                && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            {
+                return Ok(ImageRef::DigestPrefix(hex.to_string()));
+            }
             return s
                 .parse()
                 .map(ImageRef::Digest)
@@ -111,6 +124,7 @@ impl fmt::Display for ImageRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ImageRef::Digest(d) => d.fmt(f),
+            ImageRef::DigestPrefix(p) => write!(f, "sha256:{p}"),
             ImageRef::Named { name, label } => write!(f, "{name}:{label}"),
         }
     }
@@ -130,6 +144,17 @@ mod tests {
         check("gpu-node:stable", true);
         check(&format!("sha256:{}", "a".repeat(64)), true);
         check("sha256:abc", false);
+        check("sha256:0123abcd", true);
+        check("sha256:0123ABCD", false);
+        check("sha256:0123abcg", false);
+        assert_eq!(
+            ImageRef::parse("sha256:0123abcd9"),
+            Ok(ImageRef::DigestPrefix("0123abcd9".into()))
+        );
+        assert_eq!(
+            ImageRef::parse("sha256:0123abcd9").unwrap().to_string(),
+            "sha256:0123abcd9"
+        );
         check("gpu-node", false);
         check("GPU:1", false);
         check("gpu:", false);

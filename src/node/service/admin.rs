@@ -96,8 +96,13 @@ impl NodeService {
     pub async fn assign(&self, mac: &Mac, image: &str) -> Result<Node, AdminError> {
         let reference =
             ImageRef::parse(image).map_err(|e| AdminError::BadRequest(e.to_string()))?;
-        self.registry.resolve(&reference).await?;
-        let node = self.store.assign(mac, &reference.to_string()).await?;
+        let digest = self.registry.resolve(&reference).await?;
+        // A digest prefix is stored whole: a later image could make it ambiguous.
+        let stored = match reference {
+            ImageRef::DigestPrefix(_) => digest.to_string(),
+            r => r.to_string(),
+        };
+        let node = self.store.assign(mac, &stored).await?;
         Ok(node.into())
     }
 

@@ -57,6 +57,10 @@ impl ImageStore for SqliteStore {
     /// Resolves a REF: a digest, else `name:version`, else `name:tag`.
     async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
         let found: Option<(String,)> = match r {
+            ImageRef::DigestPrefix(p) => {
+                let mut found = self.digests_with_prefix(p, 2).await?;
+                return Ok(if found.len() == 1 { found.pop() } else { None });
+            }
             ImageRef::Digest(d) => {
                 sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
                     .bind(d.to_string())
@@ -77,6 +81,23 @@ impl ImageStore for SqliteStore {
             }
         };
         found.map(|(d,)| parse_digest(&d)).transpose()
+    }
+    async fn digests_with_prefix(
+        &self,
+        prefix: &str,
+        limit: i64,
+    ) -> Result<Vec<Digest>, StoreError> {
+        // A range, not LIKE: the primary key's index answers it, and a prefix holds no
+        // wildcard to escape ('g' sorts after every hex digit).
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT digest FROM images WHERE digest >= ?1 AND digest < ?2 ORDER BY digest LIMIT ?3",
+        )
+        .bind(format!("sha256:{prefix}"))
+        .bind(format!("sha256:{prefix}g"))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(|(d,)| parse_digest(&d)).collect()
     }
     async fn image(&self, digest: &Digest) -> Result<Option<Image>, StoreError> {
         let row: Option<(String, String, String, i64)> = sqlx::query_as(
