@@ -81,6 +81,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         images: Default::default(),
         guard: crate::node::boot_guard::BootGuard::new(cfg.boots.clone()),
         addresses: Default::default(),
+        preboot: Default::default(),
     };
     let blobs = registry.blobs.clone();
     let http = AppState {
@@ -241,6 +242,8 @@ pub async fn start_tftp(
     if !cfg.ipxe_dir.is_dir() {
         tracing::warn!(dir = %cfg.ipxe_dir.display(), "iPXE directory missing: only blobs are served over TFTP (apt-get install ipxe)");
     }
+    let (transfers, done) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(transfers_to_timeline(done, server.http.nodes.clone()));
     let server = std::sync::Arc::new(TftpServer::new(
         std::sync::Arc::new(FileSource::new(
             Some(cfg.ipxe_dir.clone()),
@@ -248,10 +251,30 @@ pub async fn start_tftp(
         )),
         cfg.tftp.clone(),
         Default::default(),
-        None,
+        Some(transfers),
     ));
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
     Ok(Some(tokio::spawn(server.run(socket, shutdown))))
+}
+
+/// TFTP transfers as boot timeline steps: the client's address names its MAC through
+/// DHCP's address book (a transfer from an address DHCP did not see is left out). Ends
+/// when the TFTP server does.
+async fn transfers_to_timeline(
+    mut done: tokio::sync::mpsc::UnboundedReceiver<crate::tftp::metrics::TransferEvent>,
+    nodes: std::sync::Arc<crate::node::service::NodeService>,
+) {
+    while let Some(transfer) = done.recv().await {
+        let std::net::IpAddr::V4(ip) = transfer.client.ip().to_canonical() else {
+            continue;
+        };
+        let now = crate::clock::now_ms();
+        let Some(mac) = nodes.addresses.get().and_then(|book| book.mac_at(ip, now)) else {
+            continue;
+        };
+        let step = format!("tftp {}", transfer.file);
+        nodes.preboot.record(mac, step, transfer.summary(), now);
+    }
 }
 
 /// Starts DHCP per `[dhcp]` (ports 67 and 4011); nothing when the mode is off. The tasks
@@ -298,6 +321,7 @@ pub async fn start_dhcp(
         directory: std::sync::Arc::new(crate::node::directory::StoreDirectory {
             store: server.store.clone(),
             controller: server.http.nodes.controller.clone(),
+            preboot: server.http.nodes.preboot.clone(),
         }),
         journal,
         metrics: Default::default(),

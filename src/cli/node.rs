@@ -289,6 +289,10 @@ fn print_detail(d: &NodeDetail) {
     println!("assigned: {}", n.assigned.as_deref().unwrap_or("-"));
     let labels = labels_of(n);
     println!("labels:   {}", labels.join(", "));
+    if !d.preboot.is_empty() {
+        println!("since the last boot script (DHCP, TFTP):");
+        print_steps(&d.preboot);
+    }
     println!("boots (newest first):");
     for b in &d.boots {
         let end = match &b.stopped_at {
@@ -296,14 +300,7 @@ fn print_detail(d: &NodeDetail) {
             None => "reached ready".into(),
         };
         println!("  {}  boot {}  {}  ({end})", b.at, b.id, b.image);
-        for s in &b.steps {
-            println!(
-                "    {:<24} {:>9}  {}",
-                s.step,
-                format!("+{:.3}s", s.took_ms as f64 / 1000.0),
-                s.outcome
-            );
-        }
+        print_steps(&b.steps);
     }
     println!("history:");
     for h in &d.history {
@@ -312,6 +309,17 @@ fn print_detail(d: &NodeDetail) {
             .map(|s| s.to_string())
             .unwrap_or_else(|| "(new)".into());
         println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
+    }
+}
+
+fn print_steps(steps: &[crate::api::node::Step]) {
+    for s in steps {
+        println!(
+            "    {:<24} {:>9}  {}",
+            s.step,
+            format!("+{:.3}s", s.took_ms as f64 / 1000.0),
+            s.outcome
+        );
     }
 }
 

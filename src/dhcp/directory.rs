@@ -18,6 +18,11 @@ pub trait NodeDirectory: Send + Sync {
     /// dropped, so that another server sharing the segment answers instead of this one
     /// answering "no boot file".
     async fn node_view(&self, mac: Mac, uuid: Option<&str>) -> Option<NodeView>;
+
+    /// DHCP answered the network-booting client `mac` (`step`: `dhcp offer`, `ipxe dhcp
+    /// ack`...; `outcome`: what it was given), for the node's boot timeline. Called per
+    /// answer, so it must not wait on anything.
+    fn answered(&self, _mac: Mac, _step: String, _outcome: String) {}
 }
 
 #[async_trait]
@@ -50,4 +55,6 @@ pub struct WireAddress {
 pub trait AddressBook: Send + Sync {
     /// The address `mac` holds or asked for, when DHCP knows it and it has not expired.
     fn address_of(&self, mac: Mac, now_ms: i64) -> Option<WireAddress>;
+    /// The MAC that holds or asked for `ip` (who a TFTP client is).
+    fn mac_at(&self, ip: std::net::Ipv4Addr, now_ms: i64) -> Option<Mac>;
 }

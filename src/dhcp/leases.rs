@@ -116,6 +116,11 @@ impl Leases {
         self.by_mac.get(mac)
     }
 
+    /// The lease (offered or bound) of whoever holds `ip`.
+    pub fn holder(&self, ip: Ipv4Addr) -> Option<&Lease> {
+        self.by_mac.get(self.by_ip.get(&ip)?)
+    }
+
     fn in_pool(&self, ip: Ipv4Addr) -> bool {
         (self.start..=self.end).contains(&u32::from(ip))
     }

@@ -18,6 +18,8 @@ pub const MAX_REQUESTS: usize = 100_000;
 #[derive(Default)]
 pub struct Requested {
     by_mac: HashMap<HwAddr, (Ipv4Addr, i64)>,
+    /// Who asked for each address last (TFTP knows its clients by address).
+    by_ip: HashMap<Ipv4Addr, HwAddr>,
 }
 
 impl Requested {
@@ -28,7 +30,19 @@ impl Requested {
         if self.by_mac.len() >= MAX_REQUESTS && !self.by_mac.contains_key(&mac) {
             self.drop_oldest_half();
         }
-        self.by_mac.insert(mac, (ip, now_ms));
+        if let Some((old, _)) = self.by_mac.insert(mac, (ip, now_ms))
+            && old != ip
+            && self.by_ip.get(&old) == Some(&mac)
+        {
+            self.by_ip.remove(&old);
+        }
+        self.by_ip.insert(ip, mac);
+    }
+
+    /// The MAC that last asked for `ip`, while its request is a witness.
+    pub fn mac_at(&self, ip: Ipv4Addr, now_ms: i64) -> Option<HwAddr> {
+        let mac = self.by_ip.get(&ip)?;
+        (self.get(mac, now_ms) == Some(ip)).then_some(*mac)
     }
 
     pub fn get(&self, mac: &HwAddr, now_ms: i64) -> Option<Ipv4Addr> {
@@ -42,6 +56,9 @@ impl Requested {
         let (_, cut, _) = times.select_nth_unstable(mid);
         let cut = *cut;
         self.by_mac.retain(|_, (_, at)| *at > cut);
+        let by_mac = &self.by_mac;
+        self.by_ip
+            .retain(|ip, mac| by_mac.get(mac).is_some_and(|(held, _)| held == ip));
     }
 
     pub fn len(&self) -> usize {
@@ -66,6 +83,11 @@ mod tests {
         assert_eq!(r.get(&mac, 1_000 + REQUEST_HOLD_MS), None);
         r.record(mac, Ipv4Addr::UNSPECIFIED, 3_000);
         assert_eq!(r.get(&mac, 3_000), Some(Ipv4Addr::new(10, 0, 0, 5)));
+        assert_eq!(r.mac_at(Ipv4Addr::new(10, 0, 0, 5), 3_000), Some(mac));
+        // Asked for another address since: the old one is no longer this MAC's.
+        r.record(mac, Ipv4Addr::new(10, 0, 0, 9), 4_000);
+        assert_eq!(r.mac_at(Ipv4Addr::new(10, 0, 0, 5), 4_000), None);
+        assert_eq!(r.mac_at(Ipv4Addr::new(10, 0, 0, 9), 4_000), Some(mac));
     }
 
     #[test]

@@ -168,6 +168,11 @@ impl DhcpServer {
         if node.chainload {
             self.metrics.count("chainload");
         }
+        if client.class.is_some() {
+            let (step, outcome) = timeline_step(&reply, client.class, port);
+            self.directory
+                .answered(Mac::from(req.chaddr), step, outcome);
+        }
         self.metrics.count(match reply.message_type {
             super::decide::OFFER => "offer",
             NAK => "nak",
@@ -283,6 +288,32 @@ impl DhcpServer {
     }
 }
 
+/// An answer as a boot timeline step: `dhcp offer`, `ipxe dhcp ack`, `pxe (4011) ack`,
+/// and what it gave (address, boot file).
+fn timeline_step(reply: &Reply, class: Option<BootClass>, port: Port) -> (String, String) {
+    let kind = match reply.message_type {
+        super::decide::OFFER => "offer",
+        NAK => "nak",
+        _ => "ack",
+    };
+    let who = match (port, class) {
+        (Port::PxeServer, _) => "pxe (4011)",
+        (_, Some(BootClass::Ipxe)) => "ipxe dhcp",
+        _ => "dhcp",
+    };
+    let mut given = Vec::new();
+    if !reply.yiaddr.is_unspecified() {
+        given.push(reply.yiaddr.to_string());
+    }
+    given.extend(reply.file.clone());
+    let outcome = if given.is_empty() {
+        "ok".to_string()
+    } else {
+        given.join(", ")
+    };
+    (format!("{who} {kind}"), outcome)
+}
+
 impl AddressBook for DhcpServer {
     fn address_of(&self, mac: Mac, now_ms: i64) -> Option<WireAddress> {
         let hw = mac.octets();
@@ -304,6 +335,18 @@ impl AddressBook for DhcpServer {
                 ip: lease.ip,
                 how: Witnessed::Leased,
             })
+        })
+    }
+
+    fn mac_at(&self, ip: Ipv4Addr, now_ms: i64) -> Option<Mac> {
+        if self.pools.is_empty() {
+            let requested = self.requested.lock().expect("not poisoned");
+            return requested.mac_at(ip, now_ms).map(Mac::from);
+        }
+        self.pools.iter().find_map(|pool| {
+            let leases = pool.leases.lock().expect("not poisoned");
+            let lease = leases.holder(ip)?;
+            (lease.bound && lease.expires_ms > now_ms).then_some(Mac::from(lease.mac))
         })
     }
 }

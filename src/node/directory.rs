@@ -27,6 +27,8 @@ pub fn wants_chainload(labels: &BTreeMap<String, String>) -> bool {
 pub struct StoreDirectory {
     pub store: Store,
     pub controller: NodeController,
+    /// Where DHCP's answers go, to open the node's next boot timeline.
+    pub preboot: std::sync::Arc<crate::node::preboot::Preboot>,
 }
 
 #[async_trait]
@@ -55,5 +57,10 @@ impl NodeDirectory for StoreDirectory {
                 None
             }
         }
+    }
+
+    fn answered(&self, mac: Mac, step: String, outcome: String) {
+        self.preboot
+            .record(mac, step, outcome, crate::clock::now_ms());
     }
 }

@@ -1,6 +1,6 @@
 //! Nodes: the lifecycle state machine, attestation, validation and drift judgements and
 //! lifecycle policy (all pure), who may start a boot (`boot_guard`), which nodes a query
-//! means (`selector`), and the controller,
+//! means (`selector`), what DHCP and TFTP saw before a boot (`preboot`), and the controller,
 //! the one writer of node state.
 
 pub mod attest;
@@ -9,6 +9,7 @@ pub mod controller;
 pub mod directory;
 pub mod drift;
 pub mod policy;
+pub mod preboot;
 pub mod reimage;
 pub mod sampled;
 pub mod selector;

@@ -171,6 +171,8 @@ pub struct NewBoot<'a> {
     pub id: &'a str,
     pub image: &'a Digest,
     pub token_sha256: &'a Digest,
+    /// What DHCP and TFTP saw before the script (JSON), when anything.
+    pub preboot_json: Option<&'a str>,
 }
 
 /// A row written in the transaction of the state change it belongs with.
@@ -275,6 +277,8 @@ pub struct BootFacts {
     pub report: Option<serde_json::Value>,
     pub validated_at_ms: Option<i64>,
     pub validation: Option<serde_json::Value>,
+    /// What DHCP and TFTP saw before the script, as the node service wrote it.
+    pub preboot: Option<serde_json::Value>,
     pub fetches: Vec<Fetch>,
 }
 

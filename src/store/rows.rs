@@ -170,7 +170,7 @@ pub(crate) fn fetches(rows: Vec<FetchRow>) -> Result<Vec<Fetch>, StoreError> {
 macro_rules! select_boots {
     ($rest:literal) => {
         concat!(
-            "SELECT id, image_digest, created_at_ms, attested_at_ms, verdict, report, validated_at_ms, validation FROM boots ",
+            "SELECT id, image_digest, created_at_ms, attested_at_ms, verdict, report, validated_at_ms, validation, preboot FROM boots ",
             $rest
         )
     };
@@ -187,10 +187,11 @@ pub(crate) type BootRow = (
     Option<String>,
     Option<i64>,
     Option<String>,
+    Option<String>,
 );
 
 pub(crate) fn boot(row: BootRow, fetches: Vec<Fetch>) -> Result<BootFacts, StoreError> {
-    let (id, image, created, attested, verdict, report, validated, validation) = row;
+    let (id, image, created, attested, verdict, report, validated, validation, preboot) = row;
     Ok(BootFacts {
         image: parse_digest(&image)?,
         created_at_ms: created,
@@ -199,6 +200,7 @@ pub(crate) fn boot(row: BootRow, fetches: Vec<Fetch>) -> Result<BootFacts, Store
         report: json("boots.report", report)?,
         validated_at_ms: validated,
         validation: json("boots.validation", validation)?,
+        preboot: json("boots.preboot", preboot)?,
         fetches,
         id,
     })

@@ -35,6 +35,24 @@ pub struct TransferEvent {
     pub outcome: Outcome,
 }
 
+impl TransferEvent {
+    /// One line for a boot timeline: `ok, 70656 bytes in 310 ms`, or what went wrong.
+    pub fn summary(&self) -> String {
+        let sent = format!("{} bytes in {} ms", self.bytes, self.duration.as_millis());
+        let retransmits = match self.retransmits {
+            0 => String::new(),
+            n => format!(", {n} retransmits"),
+        };
+        match &self.outcome {
+            Outcome::Completed => format!("ok, {sent}{retransmits}"),
+            Outcome::Unconfirmed => format!("ok (last ACK not seen), {sent}{retransmits}"),
+            Outcome::Refused(why) => format!("refused: {why}"),
+            Outcome::Aborted(why) => format!("aborted by the client after {sent}: {why}"),
+            Outcome::Failed(why) => format!("failed after {sent}: {why}"),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct TftpMetrics {
     pub requests: AtomicU64,

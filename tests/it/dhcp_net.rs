@@ -699,6 +699,21 @@ async fn a_boot_must_come_from_the_address_dhcp_saw_the_mac_use() {
     assert!(out.contains("kernel "), "{out}");
     let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
     assert_eq!(node["state"], "provisioning", "{node}");
+    // The boot's timeline opens with those answers; nothing is left pending.
+    let steps: Vec<&str> = node["boots"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps[..3],
+        ["ipxe dhcp offer", "ipxe dhcp ack", "script"],
+        "{node}"
+    );
+    let given = node["boots"][0]["steps"][1]["outcome"].as_str().unwrap();
+    assert!(given.starts_with(&format!("{leased}, ")), "{given}");
+    assert_eq!(node["preboot"], serde_json::json!([]), "{node}");
     server.stop().await;
 }
 

@@ -378,8 +378,17 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
         .iter()
         .map(|s| s["step"].as_str().unwrap())
         .collect();
+    // DHCP answers open the timeline (QEMU's ROM is iPXE: DISCOVER, REQUEST).
+    let script = steps
+        .iter()
+        .position(|s| *s == "script")
+        .expect("a script step");
+    assert!(
+        script >= 2 && steps[..script].iter().all(|s| s.starts_with("ipxe dhcp ")),
+        "{node}"
+    );
     assert_eq!(
-        steps,
+        steps[script..],
         [
             "script",
             "kernel",
@@ -501,6 +510,15 @@ async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
         .map(|s| s["step"].as_str().unwrap())
         .collect();
     assert_eq!(steps.last(), Some(&"validated"), "{node}");
+    // The chainload is on the timeline: the ROM's DHCP, the TFTP transfer of
+    // undionly.kpxe, then DHCP again from our iPXE, then the script.
+    let at = |name: &str| steps.iter().position(|s| *s == name);
+    let tftp = at("tftp undionly.kpxe").unwrap_or_else(|| panic!("no TFTP step: {node}"));
+    assert!(tftp < at("script").unwrap(), "{node}");
+    assert!(
+        steps[..tftp].iter().any(|s| s.contains("dhcp ack")),
+        "{node}"
+    );
     server.stop().await;
 }
 

@@ -213,6 +213,7 @@ async fn a_server_whose_store_is_unreachable_says_so_and_recovers() {
         bootfleet::store::open(&u, None).await.unwrap()
     };
     let directory = bootfleet::node::directory::StoreDirectory {
+        preboot: Default::default(),
         store: directory_store.clone(),
         controller: bootfleet::node::controller::NodeController::new(directory_store.clone()),
     };

@@ -227,6 +227,7 @@ async fn a_boot_attests_once_across_servers(db: Db) {
         id: "boot-1",
         image: &digest,
         token_sha256: &token,
+        preboot_json: None,
     });
     let CasOutcome::Done(node) = a
         .set_state(
@@ -477,6 +478,7 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         id: "boot-f",
         image: &digest,
         token_sha256: &token,
+        preboot_json: None,
     });
     store
         .set_state(

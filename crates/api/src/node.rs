@@ -144,6 +144,11 @@ pub struct NodeDetail {
     pub history: Vec<StateChange>,
     /// The last boots as timelines, newest first.
     pub boots: Vec<Timeline>,
+    /// What this server's DHCP and TFTP saw of the node since its last boot script (a
+    /// node stuck before its script shows how far it got); these open its next boot's
+    /// timeline.
+    #[serde(default)]
+    pub preboot: Vec<Step>,
 }
 
 /// A boot as a timeline: what happened, when, and where it stopped.
@@ -160,7 +165,8 @@ pub struct Timeline {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
-    /// `script`, `kernel`, `initrd <name>`, `attested`, `validated`.
+    /// `dhcp offer`, `ipxe dhcp ack`, `tftp <file>` (before the script), `script`,
+    /// `kernel`, `initrd <name>`, `attested`, `validated`.
     pub step: String,
     /// When the step ended.
     pub at: String,

@@ -88,6 +88,7 @@ impl NodeService {
             node: node.into(),
             history: store.node_history(mac).await?,
             boots: self.timelines(mac, TIMELINES_SHOWN).await?,
+            preboot: self.preboot_steps(mac),
         })
     }
 

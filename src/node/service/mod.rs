@@ -55,6 +55,8 @@ pub struct NodeService {
     pub guard: crate::node::boot_guard::BootGuard,
     /// What DHCP saw of each MAC on the wire; set when this server runs DHCP.
     pub addresses: std::sync::OnceLock<Arc<dyn crate::dhcp::directory::AddressBook>>,
+    /// DHCP answers and TFTP transfers since each node's last script.
+    pub preboot: Arc<crate::node::preboot::Preboot>,
 }
 
 /// What a boot needs of an image, parsed once per digest.
@@ -187,10 +189,17 @@ impl NodeService {
             "boot {boot_id}: {}:{} {}",
             image.name, image.version, image.digest
         );
+        let preboot = self.preboot.take(mac, now);
+        let preboot_json = if preboot.is_empty() {
+            None
+        } else {
+            serde_json::to_string(&preboot).ok()
+        };
         let boot = Attached::Boot(crate::store::NewBoot {
             id: &boot_id,
             image: &image.digest,
             token_sha256: &token_sha256,
+            preboot_json: preboot_json.as_deref(),
         });
         self.controller
             .apply_with(mac, NodeEvent::BootStarted, &reason, Some(&boot))

@@ -1,9 +1,7 @@
-//! A boot as a timeline: script served, kernel and initrds downloaded, attested,
-//! validated, ready; with the time each step took and where the boot stopped. Built
-//! purely from what the store recorded; the service method reads it.
-//!
-//! DHCP and the TFTP boot file are not steps yet: the DHCP server (issue #3) will record
-//! the offer per MAC, and TFTP transfers are known by address, not by MAC.
+//! A boot as a timeline: DHCP answers and TFTP transfers before the script (`preboot`),
+//! script served, kernel and initrds downloaded, attested, validated, ready; with the time
+//! each step took and where the boot stopped. Built purely from what the store recorded;
+//! the service method reads it.
 
 use super::{BootError, NodeService};
 use crate::api::Mac;
@@ -12,13 +10,22 @@ use crate::api::image::Role;
 use crate::api::node::{Step, Timeline};
 use crate::clock::format_ms;
 use crate::node::attest::Received;
+use crate::node::preboot::PrebootStep;
 use crate::store::BootFacts;
 
 /// The timeline of `boot`, whose image has `artifacts`.
 pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
     let mut steps = Vec::new();
     let mut stopped_at = None;
-    let mut last = boot.created_at_ms;
+    // Written by the node service; a row it cannot read is shown without them.
+    let preboot: Vec<PrebootStep> = boot
+        .preboot
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let mut last = preboot
+        .first()
+        .map_or(boot.created_at_ms, |s| s.at_ms.min(boot.created_at_ms));
     let mut push = |steps: &mut Vec<Step>, step: String, at: i64, outcome: String| {
         steps.push(Step {
             step,
@@ -28,6 +35,9 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
         });
         last = at;
     };
+    for s in preboot {
+        push(&mut steps, s.step, s.at_ms, s.outcome);
+    }
     push(&mut steps, "script".into(), boot.created_at_ms, "ok".into());
     let delivered = artifacts
         .iter()
@@ -102,6 +112,25 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
 }
 
 impl NodeService {
+    /// What DHCP and TFTP saw of `mac` since its last script, as steps.
+    pub fn preboot_steps(&self, mac: &Mac) -> Vec<Step> {
+        let steps = self.preboot.peek(mac, crate::clock::now_ms());
+        let mut last = steps.first().map_or(0, |s| s.at_ms);
+        steps
+            .into_iter()
+            .map(|s| {
+                let took_ms = s.at_ms - last;
+                last = s.at_ms;
+                Step {
+                    step: s.step,
+                    at: format_ms(s.at_ms),
+                    took_ms,
+                    outcome: s.outcome,
+                }
+            })
+            .collect()
+    }
+
     /// The node's last `limit` boots as timelines, newest first.
     pub async fn timelines(&self, mac: &Mac, limit: i64) -> Result<Vec<Timeline>, BootError> {
         let boots = self.store.boot_facts(mac, limit).await?;
@@ -150,6 +179,7 @@ mod tests {
             report: None,
             validated_at_ms: None,
             validation: None,
+            preboot: None,
             fetches: vec![],
         }
     }
@@ -200,6 +230,36 @@ mod tests {
             ]
         );
         assert_eq!(t.stopped_at, None);
+    }
+
+    #[test]
+    fn dhcp_and_tftp_open_the_timeline() {
+        let mut b = boot();
+        let step = |step: &str, at_ms: i64, outcome: &str| PrebootStep {
+            step: step.into(),
+            at_ms,
+            outcome: outcome.into(),
+        };
+        b.preboot = Some(
+            serde_json::to_value([
+                step("dhcp offer", 200, "10.0.0.5, undionly.kpxe"),
+                step("dhcp ack", 250, "10.0.0.5, undionly.kpxe"),
+                step("tftp undionly.kpxe", 600, "ok, 70 KiB"),
+                step("ipxe dhcp ack", 900, "10.0.0.5, http://s/boot.ipxe"),
+            ])
+            .unwrap(),
+        );
+        let t = build(&b, &artifacts());
+        assert_eq!(
+            names(&t)[..5],
+            [
+                ("dhcp offer", 0, "10.0.0.5, undionly.kpxe"),
+                ("dhcp ack", 50, "10.0.0.5, undionly.kpxe"),
+                ("tftp undionly.kpxe", 350, "ok, 70 KiB"),
+                ("ipxe dhcp ack", 300, "10.0.0.5, http://s/boot.ipxe"),
+                ("script", 100, "ok"),
+            ]
+        );
     }
 
     #[test]

@@ -63,12 +63,14 @@ async fn write_attached(
             id,
             image,
             token_sha256,
-        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+            preboot_json,
+        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(id)
             .bind(mac.to_string())
             .bind(image.to_string())
             .bind(token_sha256.to_string())
             .bind(now)
+            .bind(preboot_json)
             .execute(&mut *conn)
             .await?,
         Attached::Attestation {
