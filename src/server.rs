@@ -156,6 +156,10 @@ pub async fn run_on(
             ));
         }
     }
+    state.tasks.spawn(crate::heap::trim_every(
+        crate::heap::TRIM_EVERY,
+        state.stopping.clone(),
+    ));
     // The sweeper's lease also makes one server the event pruner.
     let sweeping = lead(crate::leader::SWEEPER);
     state.tasks.spawn(crate::node::sweeper::run(

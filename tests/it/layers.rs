@@ -13,6 +13,7 @@ use crate::tidy::rust_files;
 const RULES: &[(&str, &[&str])] = &[
     ("clock", &[]),
     ("udp_buffer", &[]),
+    ("heap", &[]),
     ("auth", &[]),
     ("dhcp", &["api", "clock", "udp_buffer"]),
     ("tftp", &["api", "clock", "udp_buffer", "image"]),
@@ -52,6 +53,7 @@ const RULES: &[(&str, &[&str])] = &[
             "config",
             "dhcp",
             "events",
+            "heap",
             "http",
             "image",
             "leader",
