@@ -47,6 +47,22 @@ pub enum NodeCommand {
         #[arg(long, short = 'l')]
         selector: Option<String>,
     },
+    /// Remove nodes with their history and boots (the event log keeps a node.removed
+    /// event). Refused for a node that runs a boot (provisioning to ready, reimaging,
+    /// drifted) unless --force: power it off first, or let it become unreachable.
+    Rm {
+        /// The nodes' MACs (52:54:00:12:34:56 or 52-54-00-12-34-56); or --selector.
+        nodes: Vec<String>,
+        /// Every node whose labels match instead of MACs (k=v, k!=v, k, !k).
+        #[arg(long, short = 'l')]
+        selector: Option<String>,
+        /// Remove even nodes that run a boot.
+        #[arg(long)]
+        force: bool,
+        /// Why (recorded in the node.removed event).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Set labels (key=value) and remove them (key-), for grouping by rack, SKU...
     Label {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
@@ -151,6 +167,32 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 out,
                 |v| as_text(v, line),
                 |mac| async move { Ok(serde_json::to_value(assign(mac).await?)?) },
+            )
+            .await
+        }
+        NodeCommand::Rm {
+            nodes,
+            selector,
+            force,
+            reason,
+        } => {
+            let targets = super::bulk::targets(client, &nodes, selector).await?;
+            let remove = |mac: Mac| {
+                let mut query = vec![("force", force.to_string())];
+                if let Some(r) = &reason {
+                    query.push(("reason", r.clone()));
+                }
+                let req = client
+                    .request(Method::DELETE, &format!("/api/v1/nodes/{mac}"))
+                    .query(&query);
+                async move { client.send::<Node>(req).await }
+            };
+            let line = |n: &Node| format!("{}: removed (was {})", n.mac, n.state);
+            super::bulk::run_each(
+                &targets,
+                out,
+                |v| as_text(v, line),
+                |mac| async move { Ok(serde_json::to_value(remove(mac).await?)?) },
             )
             .await
         }

@@ -117,7 +117,7 @@ fn admin_api(state: &AppState) -> Router<AppState> {
         .route("/blobs/verify", post(images::verify))
         .route("/blobs/gc", post(images::gc))
         .route("/nodes", get(nodes::list))
-        .route("/nodes/{mac}", get(nodes::show))
+        .route("/nodes/{mac}", get(nodes::show).delete(nodes::remove))
         .route("/nodes/{mac}/image", put(nodes::assign))
         .route("/nodes/{mac}/labels", patch(nodes::label))
         .route("/nodes/{mac}/reimage", post(nodes::reimage))

@@ -121,6 +121,7 @@ fn admin_error(e: AdminError) -> ApiError {
     match e {
         AdminError::BadRequest(m) => ApiError::BadRequest(m),
         AdminError::NotFound(m) => ApiError::NotFound(m),
+        AdminError::Conflict(m) => ApiError::Conflict(m),
         AdminError::Internal(m) => ApiError::Internal(m),
     }
 }
@@ -139,6 +140,31 @@ pub async fn show(
 ) -> Result<Json<NodeDetail>, ApiError> {
     let mac = parse_mac(&mac)?;
     state.nodes.show(&mac).await.map(Json).map_err(admin_error)
+}
+
+#[derive(Deserialize)]
+pub struct RemoveQuery {
+    /// Remove even a node that runs a boot.
+    #[serde(default)]
+    force: bool,
+    /// Recorded in the `node.removed` event.
+    reason: Option<String>,
+}
+
+/// `DELETE /api/v1/nodes/{mac}?force=&reason=`: the removed node.
+pub async fn remove(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+    Query(q): Query<RemoveQuery>,
+) -> Result<Json<Node>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    let reason = q.reason.unwrap_or_else(|| "removed by an admin".into());
+    state
+        .nodes
+        .remove(&mac, &reason, q.force)
+        .await
+        .map(Json)
+        .map_err(admin_error)
 }
 
 /// `PUT /api/v1/nodes/{mac}/image`.

@@ -20,6 +20,11 @@ pub enum ControlError {
     /// The attached attestation was recorded before: nothing changed.
     #[error("this boot was already attested")]
     AlreadyAttested,
+    /// The node runs a boot; removing it needs `force`.
+    #[error(
+        "node {0} is {1}: it runs a boot; remove it once it is unreachable, failed or quarantined, or force it"
+    )]
+    InUse(Mac, crate::api::NodeState),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -51,6 +56,36 @@ impl NodeController {
     pub fn with_discovery_cap(mut self, cap: u64) -> Self {
         self.discovery_cap = Some(i64::try_from(cap).unwrap_or(i64::MAX));
         self
+    }
+
+    /// Removes the node with its history and boots (an event says so), when
+    /// `state::removable` allows it or `force`; retried when the node changes meanwhile.
+    pub async fn remove(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        force: bool,
+    ) -> Result<NodeRecord, ControlError> {
+        for _ in 0..CAS_ATTEMPTS {
+            let node = self
+                .store
+                .node(mac)
+                .await?
+                .ok_or(ControlError::UnknownNode(*mac))?;
+            if !force && !crate::node::state::removable(node.state) {
+                return Err(ControlError::InUse(*mac, node.state));
+            }
+            let data = crate::api::event::NodeRemovedData {
+                state: node.state,
+                reason: reason.to_string(),
+            };
+            match self.store.remove_node(mac, node.version, &data).await? {
+                crate::store::Removed::Done => return Ok(node),
+                crate::store::Removed::Missing => return Err(ControlError::UnknownNode(*mac)),
+                crate::store::Removed::Stale => continue,
+            }
+        }
+        Err(ControlError::Contended(*mac))
     }
 
     /// Applies `event` to the node's current state, recording `reason`.

@@ -106,6 +106,20 @@ pub fn transition(from: NodeState, event: NodeEvent) -> Result<NodeState, Transi
     }
 }
 
+/// Whether a node may be removed without `force`: it runs no boot we track (it never
+/// booted, stopped answering, failed, or is quarantined). Removing a node mid-boot or
+/// ready would orphan a running machine's agent calls.
+pub fn removable(state: NodeState) -> bool {
+    matches!(
+        state,
+        NodeState::Discovered
+            | NodeState::Unreachable
+            | NodeState::AttestationFailed
+            | NodeState::ValidationFailed
+            | NodeState::Quarantined
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,7 +42,11 @@ pub async fn sweep(
             Ok(_) => marked += 1,
             // It changed under us (it spoke, or rebooted): judged again next scan.
             Err(ControlError::NotAllowed(_) | ControlError::Contended(_)) => {}
-            Err(ControlError::UnknownNode(_) | ControlError::AlreadyAttested) => {}
+            Err(
+                ControlError::UnknownNode(_)
+                | ControlError::AlreadyAttested
+                | ControlError::InUse(..),
+            ) => {}
             Err(ControlError::Store(e)) => return Err(e),
         }
     }

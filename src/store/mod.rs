@@ -525,11 +525,39 @@ pub trait LeaderStore: Send + Sync {
     async fn resign(&self, role: &str, holder: &str) -> Result<(), StoreError>;
 }
 
+/// What removing a node came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    Done,
+    /// The node changed since it was read (its version moved): read and decide again.
+    Stale,
+    Missing,
+}
+
+/// Removing nodes: the row, its history, boots and their downloads, and its reimage keys
+/// go in one transaction with a `node.removed` event. Events stay (the log is history).
+#[async_trait]
+pub trait RemovalStore: Send + Sync {
+    async fn remove_node(
+        &self,
+        mac: &Mac,
+        version: i64,
+        data: &crate::api::event::NodeRemovedData,
+    ) -> Result<Removed, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
 pub trait Backend:
-    ImageStore + NodeStore + BootStore + EventStore + WebhookStore + LeaseStore + LeaderStore
+    ImageStore
+    + NodeStore
+    + BootStore
+    + EventStore
+    + WebhookStore
+    + LeaseStore
+    + LeaderStore
+    + RemovalStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

@@ -17,6 +17,7 @@ async fn admin_routes_need_the_token() {
         (reqwest::Method::POST, "/api/v1/blobs/gc"),
         (reqwest::Method::GET, "/api/v1/nodes"),
         (reqwest::Method::GET, "/api/v1/nodes/52:54:00:00:00:01"),
+        (reqwest::Method::DELETE, "/api/v1/nodes/52:54:00:00:00:01"),
         (
             reqwest::Method::PUT,
             "/api/v1/nodes/52:54:00:00:00:01/image",

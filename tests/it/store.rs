@@ -66,6 +66,7 @@ on_both!(
     events_are_pruned_oldest_first_and_numbering_goes_on,
     new_macs_stop_being_recorded_at_the_discovery_cap,
     digest_prefixes_name_one_image_or_none,
+    a_node_is_removed_whole_under_its_version,
 );
 
 fn mac(i: u32) -> Mac {
@@ -91,6 +92,88 @@ async fn image(store: &Store, name: &str, version: &str) -> Digest {
         InsertOutcome::Inserted
     );
     digest
+}
+
+/// Removing a node takes its history, boots and their downloads with it, in one
+/// transaction with a `node.removed` event, and only at the version it was read at.
+async fn a_node_is_removed_whole_under_its_version(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let mac = mac(40);
+    let (node, _) = store.discover(&mac, None, "test").await.unwrap();
+    let token = Digest::of(b"token");
+    let boot = Attached::Boot(NewBoot {
+        id: "boot-rm",
+        image: &digest,
+        token_sha256: &token,
+        preboot_json: Some(r#"[{"step":"dhcp ack","at_ms":1,"outcome":"ok"}]"#),
+    });
+    let CasOutcome::Done(node) = store
+        .set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Provisioning,
+            "boot",
+            Some(&boot),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("the boot opens")
+    };
+    let fetch = Fetch {
+        digest,
+        started_at_ms: 1,
+        finished_at_ms: Some(2),
+        offset: 0,
+        bytes: 10,
+        whole: true,
+    };
+    store
+        .record_fetches(&[("boot-rm".to_string(), fetch)])
+        .await
+        .unwrap();
+    let data = bootfleet::api::event::NodeRemovedData {
+        state: node.state,
+        reason: "decommissioned".into(),
+    };
+    let head = store.events_head().await.unwrap();
+    assert_eq!(
+        store
+            .remove_node(&mac, node.version - 1, &data)
+            .await
+            .unwrap(),
+        bootfleet::store::Removed::Stale
+    );
+    assert!(
+        store.node(&mac).await.unwrap().is_some(),
+        "a stale removal changes nothing"
+    );
+    assert_eq!(
+        store.remove_node(&mac, node.version, &data).await.unwrap(),
+        bootfleet::store::Removed::Done
+    );
+    assert!(store.node(&mac).await.unwrap().is_none());
+    assert!(
+        store.node_for_dhcp(&mac).await.unwrap().is_none(),
+        "not cached either"
+    );
+    assert!(store.boot_facts(&mac, 10).await.unwrap().is_empty());
+    assert!(store.node_history(&mac).await.unwrap().is_empty());
+    assert!(store.fetches("boot-rm").await.unwrap().is_empty());
+    let events = store.events_since(head, 10, None).await.unwrap();
+    let removed = events.last().expect("an event");
+    assert_eq!(removed.kind, "node.removed");
+    assert_eq!(removed.data["reason"], "decommissioned");
+    assert_eq!(
+        store.remove_node(&mac, node.version, &data).await.unwrap(),
+        bootfleet::store::Removed::Missing
+    );
+    // The MAC can come back as a new node.
+    let (again, new) = store.discover(&mac, None, "seen again").await.unwrap();
+    assert!(new && again.state == NodeState::Discovered);
+    store.close().await;
 }
 
 /// A digest prefix resolves when one image's digest begins so; when several do, the

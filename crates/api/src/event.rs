@@ -15,6 +15,8 @@ pub mod kind {
     /// An image needs a blob `image verify` found damaged or missing; no node is handed
     /// it until a re-publish restores the blob: `{image, name, version, blob, reason}`.
     pub const IMAGE_BROKEN: &str = "image.broken";
+    /// An admin removed a node (with its history and boots): `{state, reason}`.
+    pub const NODE_REMOVED: &str = "node.removed";
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +62,14 @@ pub struct ReimageRefusedData {
     pub reason: String,
     /// The request's own reason.
     pub request: String,
+}
+
+/// `data` of a `node.removed` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRemovedData {
+    /// The state it was in.
+    pub state: crate::NodeState,
+    pub reason: String,
 }
 
 /// `data` of an `image.broken` event.

@@ -23,6 +23,9 @@ pub enum AdminError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// Not now, in the node's present state: 409.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -105,6 +108,19 @@ impl NodeService {
         };
         let node = self.store.assign(mac, &stored).await?;
         Ok(node.into())
+    }
+
+    /// Removes a node, its history and boots (`node.removed` says so in the event log).
+    /// Refused while it runs a boot, unless `force`: a decommissioned machine is first
+    /// powered off or left to become unreachable.
+    pub async fn remove(&self, mac: &Mac, reason: &str, force: bool) -> Result<Node, AdminError> {
+        use crate::node::controller::ControlError;
+        match self.controller.remove(mac, reason, force).await {
+            Ok(node) => Ok(node.into()),
+            Err(ControlError::UnknownNode(m)) => Err(AdminError::NotFound(format!("no node {m}"))),
+            Err(e @ ControlError::InUse(..)) => Err(AdminError::Conflict(e.to_string())),
+            Err(e) => Err(AdminError::Internal(e.to_string())),
+        }
     }
 
     /// Sets and removes labels in one write: keys are 1-63 characters from A-Z a-z 0-9
