@@ -3,6 +3,7 @@
 mod bulk;
 pub mod client;
 mod image;
+mod import;
 mod node;
 pub mod output;
 mod serve;

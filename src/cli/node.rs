@@ -63,6 +63,16 @@ pub enum NodeCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Import an inventory: a CSV file with a header row naming mac, and image and labels
+    /// (k=v separated by spaces or ';'). The whole file is checked first; then each node
+    /// is assigned its image and given its labels, one result a node.
+    Import {
+        /// The CSV file.
+        file: std::path::PathBuf,
+        /// Check the file and show what would be done; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Set labels (key=value) and remove them (key-), for grouping by rack, SKU...
     Label {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
@@ -195,6 +205,9 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 |mac| async move { Ok(serde_json::to_value(remove(mac).await?)?) },
             )
             .await
+        }
+        NodeCommand::Import { file, dry_run } => {
+            super::import::run(client, &file, dry_run, out).await
         }
         NodeCommand::Label { node, labels } => {
             let request = parse_labels(&labels)?;
