@@ -379,6 +379,65 @@ impl Registry {
         })
     }
 
+    /// Removes an image nothing uses: no tag points at it, no node is assigned it by
+    /// digest or version, and no node whose newest boot ran it is in a state `runs` says
+    /// runs a boot. Its boot records go with it (the event log keeps the transitions);
+    /// its blobs are left for `gc`. Holds the GC lock, so no publish of the same content
+    /// interleaves.
+    pub async fn remove(
+        &self,
+        r: &ImageRef,
+        runs: impl Fn(crate::api::NodeState) -> bool,
+    ) -> Result<Image, RegistryError> {
+        let _exclusive = self.gc_lock.write().await;
+        let digest = self.resolve(r).await?;
+        let image = self
+            .store
+            .image(&digest)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound(format!("no image {r}")))?;
+        let name_version = format!("{}:{}", image.name, image.version);
+        let users = self.store.image_users(&digest, &name_version).await?;
+        let running: Vec<String> = users
+            .last_booted
+            .iter()
+            .filter(|(_, state)| runs(*state))
+            .map(|(mac, state)| format!("{mac} ({state})"))
+            .collect();
+        let mut why = Vec::new();
+        let few = |items: Vec<String>| {
+            let more = items.len().saturating_sub(5);
+            let mut shown: Vec<String> = items.into_iter().take(5).collect();
+            if more > 0 {
+                shown.push(format!("{more} more"));
+            }
+            shown.join(", ")
+        };
+        if !users.tags.is_empty() {
+            why.push(format!("tags point at it: {}", few(users.tags)));
+        }
+        if !users.assigned.is_empty() {
+            let macs = users.assigned.iter().map(|m| m.to_string()).collect();
+            why.push(format!("nodes are assigned it: {}", few(macs)));
+        }
+        if !running.is_empty() {
+            why.push(format!("nodes run it: {}", few(running)));
+        }
+        if !why.is_empty() {
+            return Err(RegistryError::Conflict(format!(
+                "{name_version} ({digest}) is in use: {}",
+                why.join("; ")
+            )));
+        }
+        match self.store.remove_image(&digest).await? {
+            crate::store::Removed::Done => {
+                tracing::info!(%digest, image = %name_version, "image removed");
+                Ok(image)
+            }
+            _ => Err(RegistryError::NotFound(format!("no image {r}"))),
+        }
+    }
+
     pub async fn gc(&self) -> Result<GcReport, RegistryError> {
         let _exclusive = self.gc_lock.write().await;
         let keep = self.store.referenced_blobs().await?;

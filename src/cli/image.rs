@@ -46,6 +46,12 @@ pub enum ImageCommand {
         /// The tag, NAME:TAG.
         tag: String,
     },
+    /// Remove an image no tag, assignment or running node uses (the refusal names them);
+    /// its boot records go with it, and `image gc` then frees its blobs.
+    Rm {
+        /// The image: sha256:<hex> (or its first 8+ digits), NAME:VERSION or NAME:TAG.
+        reference: String,
+    },
     /// Re-hash every blob; quarantine the ones that no longer match.
     Verify,
     /// Remove blobs that no image references.
@@ -83,6 +89,18 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                 .send(client.request(Method::GET, &format!("/api/v1/images/{r}")))
                 .await?;
             emit(out, &detail, print_image)
+        }
+        ImageCommand::Rm { reference } => {
+            let r = ImageRef::parse(&reference)?;
+            let image: Image = client
+                .send(client.request(Method::DELETE, &format!("/api/v1/images/{r}")))
+                .await?;
+            emit(out, &image, |i| {
+                println!(
+                    "removed {}:{} ({}); `bootfleet image gc` frees its blobs",
+                    i.name, i.version, i.digest
+                )
+            })
         }
         ImageCommand::Tag { reference, tag } => {
             let r = ImageRef::parse(&reference)?;

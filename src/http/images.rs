@@ -110,3 +110,13 @@ pub async fn verify(State(state): State<AppState>) -> Result<Response, ApiError>
 pub async fn gc(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(state.registry.gc().await?).into_response())
 }
+
+/// `DELETE /api/v1/images/{reference}`: the removed image; 409 naming what uses it.
+pub async fn remove(
+    State(state): State<AppState>,
+    Path(r): Path<String>,
+) -> Result<Response, ApiError> {
+    let r = ImageRef::parse(&r).map_err(bad_request)?;
+    let runs = |s| !crate::node::state::removable(s);
+    Ok(Json(state.registry.remove(&r, runs).await?).into_response())
+}

@@ -110,7 +110,10 @@ fn admin_api(state: &AppState) -> Router<AppState> {
                 .layer(DefaultBodyLimit::disable())
                 .get(images::list),
         )
-        .route("/images/{reference}", get(images::show))
+        .route(
+            "/images/{reference}",
+            get(images::show).delete(images::remove),
+        )
         .route("/tags", get(images::list_tags))
         .route("/tags/{name}/{tag}", put(images::put_tag))
         .route("/tags/{name}/{tag}/history", get(images::tag_history))

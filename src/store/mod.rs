@@ -534,8 +534,19 @@ pub enum Removed {
     Missing,
 }
 
-/// Removing nodes: the row, its history, boots and their downloads, and its reimage keys
-/// go in one transaction with a `node.removed` event. Events stay (the log is history).
+/// What refers to an image: the tags that point at it, the nodes assigned it by digest
+/// or `name:version`, and the nodes whose newest boot ran it, with their states.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageUsers {
+    pub tags: Vec<String>,
+    pub assigned: Vec<Mac>,
+    pub last_booted: Vec<(Mac, NodeState)>,
+}
+
+/// Removing nodes and images. A node: the row, its history, boots and their downloads,
+/// and its reimage keys go in one transaction with a `node.removed` event. An image: its
+/// rows and the boot records that ran it (with their downloads), in one transaction;
+/// its blobs become unreferenced for `gc`. Events stay (the log is history).
 #[async_trait]
 pub trait RemovalStore: Send + Sync {
     async fn remove_node(
@@ -544,6 +555,13 @@ pub trait RemovalStore: Send + Sync {
         version: i64,
         data: &crate::api::event::NodeRemovedData,
     ) -> Result<Removed, StoreError>;
+    /// What refers to `digest` (named `name:version`).
+    async fn image_users(
+        &self,
+        digest: &Digest,
+        name_version: &str,
+    ) -> Result<ImageUsers, StoreError>;
+    async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError>;
 }
 
 /// A whole store: every area, behind one handle the services share. SQLite is one

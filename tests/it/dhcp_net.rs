@@ -688,6 +688,14 @@ async fn a_boot_must_come_from_the_address_dhcp_saw_the_mac_use() {
         node["boots"], before["boots"],
         "no boot was recorded: {node}"
     );
+    // What DHCP did shows before any script: the node got its answers.
+    let seen: Vec<&str> = node["preboot"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen, ["ipxe dhcp offer", "ipxe dhcp ack"], "{node}");
 
     // From the leased address, as the node itself asks: its boot script.
     sh(&format!("ip -n {client} addr add {leased}/24 dev eth0"));

@@ -328,10 +328,70 @@ fn cli_publishes_tags_rolls_back_verifies_and_collects() {
     );
     assert!(!ok && stderr.contains("not both"), "{stderr}");
 
+    // An inventory: checked whole first (a bad row sends nothing), then one result a node.
+    let inventory = data.join("inventory.csv");
+    let rows = [
+        "mac,image,labels",
+        "52:54:00:aa:cc:01,demo:stable,rack=r7;sku=hgx",
+        "52:54:00:aa:cc:02,demo:1.0,rack=r7",
+        "not-a-mac,demo:1.0,",
+    ];
+    std::fs::write(&inventory, rows.join("\n")).unwrap();
+    let file = inventory.to_str().unwrap();
+    let (ok, _, stderr) = cli(&server, &data, &["node", "import", file]);
+    assert!(!ok && stderr.contains("line 4"), "{stderr}");
+    assert_eq!(count(&["-l", "rack=r7"]), 0, "nothing was sent");
+    std::fs::write(&inventory, rows[..3].join("\n")).unwrap();
+    let imported = cli_json(&server, &data, &["node", "import", file]);
+    assert_eq!(imported.as_array().unwrap().len(), 2, "{imported}");
+    assert_eq!(imported[0]["answer"]["labels"]["sku"], "hgx", "{imported}");
+    assert_eq!(count(&["-l", "rack=r7", "--image", "demo:stable"]), 1);
+
+    // Removing: refused for a node that runs a boot (b3 is reimaging) unless forced.
+    let (ok, text, stderr) = cli(&server, &data, &["node", "rm", b3]);
+    assert!(
+        !ok && text.contains("409") && text.contains("reimaging"),
+        "{text} {stderr}"
+    );
+    let removed = cli_json(
+        &server,
+        &data,
+        &["node", "rm", b3, "--force", "--reason", "RMA 12"],
+    );
+    assert_eq!(
+        removed[0]["answer"]["mac"], "52:54:00:aa:bb:03",
+        "{removed}"
+    );
+    let (ok, _, _) = cli(&server, &data, &["node", "show", b3]);
+    assert!(!ok, "a removed node is gone");
+
     let verify = cli_json(&server, &data, &["image", "verify"]);
     assert_eq!(verify["quarantined"], serde_json::json!([]));
     let gc = cli_json(&server, &data, &["image", "gc"]);
     assert_eq!(gc["removed"], serde_json::json!([]));
+
+    // Removing images: refused while a tag, an assignment or a running node uses one
+    // (the refusal names them); an unused one goes, and gc then frees its blobs.
+    let (ok, text, stderr) = cli(&server, &data, &["image", "rm", "demo:1.0"]);
+    assert!(!ok && stderr.contains("409"), "{text} {stderr}");
+    assert!(
+        stderr.contains("tags point at it: demo:stable")
+            && stderr.contains("nodes are assigned it"),
+        "{stderr}"
+    );
+    let removed = cli_json(&server, &data, &["image", "rm", "demo:2.0"]);
+    assert_eq!(removed["digest"], v2["digest"]);
+    let (ok, _, _) = cli(&server, &data, &["image", "show", "demo:2.0"]);
+    assert!(!ok, "a removed image is gone");
+    let gc = cli_json(&server, &data, &["image", "gc"]);
+    assert!(!gc["removed"].as_array().unwrap().is_empty(), "{gc}");
+    assert_eq!(
+        cli_json(&server, &data, &["image", "list"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 
     // A wrong token is refused with a hint; a missing server is named.
     let (ok, _, stderr) = cli(

@@ -67,6 +67,7 @@ on_both!(
     new_macs_stop_being_recorded_at_the_discovery_cap,
     digest_prefixes_name_one_image_or_none,
     a_node_is_removed_whole_under_its_version,
+    an_image_is_removed_with_the_boots_that_ran_it,
 );
 
 fn mac(i: u32) -> Mac {
@@ -92,6 +93,78 @@ async fn image(store: &Store, name: &str, version: &str) -> Digest {
         InsertOutcome::Inserted
     );
     digest
+}
+
+/// What refers to an image is found (tags, assignments, the nodes whose newest boot ran
+/// it), and removing it takes its rows and the boot records that ran it.
+async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
+    let store = db.open().await;
+    let old = image(&store, "demo", "1").await;
+    let new = image(&store, "demo", "2").await;
+    let mac = mac(50);
+    store.discover(&mac, None, "test").await.unwrap();
+    let token = Digest::of(b"token");
+    for (id, digest) in [("boot-old", &old), ("boot-new", &new)] {
+        let node = store.node(&mac).await.unwrap().unwrap();
+        let boot = Attached::Boot(NewBoot {
+            id,
+            image: digest,
+            token_sha256: &token,
+            preboot_json: None,
+        });
+        let opened = store
+            .set_state(
+                &mac,
+                node.version,
+                node.state,
+                NodeState::Provisioning,
+                "boot",
+                Some(&boot),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(opened, CasOutcome::Done(_)), "{id} opens");
+    }
+    store.assign(&mac, "demo:2").await.unwrap();
+    store
+        .set_tag(
+            &bootfleet::api::refs::TagName::parse("demo:stable").unwrap(),
+            &new,
+            "test",
+        )
+        .await
+        .unwrap();
+    let users = store.image_users(&new, "demo:2").await.unwrap();
+    assert_eq!(users.tags, ["demo:stable"]);
+    assert_eq!(users.assigned, [mac]);
+    assert_eq!(users.last_booted.len(), 1);
+    assert_eq!(users.last_booted[0].0, mac);
+    let users = store.image_users(&old, "demo:1").await.unwrap();
+    assert_eq!(
+        users,
+        bootfleet::store::ImageUsers::default(),
+        "the old image is unused"
+    );
+
+    assert_eq!(
+        store.remove_image(&old).await.unwrap(),
+        bootfleet::store::Removed::Done
+    );
+    assert!(store.image(&old).await.unwrap().is_none());
+    let boots: Vec<String> = store
+        .boot_facts(&mac, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.id)
+        .collect();
+    assert_eq!(boots, ["boot-new"], "the old image's boot went with it");
+    assert!(store.image(&new).await.unwrap().is_some());
+    assert_eq!(
+        store.remove_image(&old).await.unwrap(),
+        bootfleet::store::Removed::Missing
+    );
+    store.close().await;
 }
 
 /// Removing a node takes its history, boots and their downloads with it, in one

@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use super::PgStore;
 use crate::api::Mac;
 use crate::api::event::NodeRemovedData;
+use crate::api::{Digest, NodeState};
 use crate::clock::now_ms;
-use crate::store::{RemovalStore, Removed, StoreError};
+use crate::store::{ImageUsers, RemovalStore, Removed, StoreError};
 
 #[async_trait]
 impl RemovalStore for PgStore {
@@ -48,6 +49,77 @@ impl RemovalStore for PgStore {
         .await?;
         tx.commit().await?;
         self.notify_events();
+        Ok(Removed::Done)
+    }
+    async fn image_users(
+        &self,
+        digest: &Digest,
+        name_version: &str,
+    ) -> Result<ImageUsers, StoreError> {
+        let tags: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = $1 ORDER BY name, tag")
+                .bind(digest.to_string())
+                .fetch_all(&self.pool)
+                .await?;
+        let assigned: Vec<(String,)> = sqlx::query_as(
+            "SELECT mac FROM nodes WHERE assigned_ref = $1 OR assigned_ref = $2 ORDER BY mac",
+        )
+        .bind(digest.to_string())
+        .bind(name_version)
+        .fetch_all(&self.pool)
+        .await?;
+        let last_booted: Vec<(String, String)> = sqlx::query_as(
+            "SELECT n.mac, n.state FROM nodes n WHERE
+             (SELECT b.image_digest FROM boots b WHERE b.mac = n.mac
+              ORDER BY b.created_at_ms DESC, b.seq DESC LIMIT 1) = $1 ORDER BY n.mac",
+        )
+        .bind(digest.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        let macs = |rows: Vec<(String,)>| -> Result<Vec<Mac>, StoreError> {
+            rows.into_iter()
+                .map(|(m,)| {
+                    m.parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))
+                })
+                .collect()
+        };
+        Ok(ImageUsers {
+            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+            assigned: macs(assigned)?,
+            last_booted: last_booted
+                .into_iter()
+                .map(|(m, state)| {
+                    let mac = m
+                        .parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?;
+                    let state = NodeState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("node state {state:?}")))?;
+                    Ok((mac, state))
+                })
+                .collect::<Result<_, StoreError>>()?,
+        })
+    }
+    async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError> {
+        let mut tx = self.tx().await?;
+        let key = digest.to_string();
+        let found: Option<(String,)> =
+            sqlx::query_as("SELECT digest FROM images WHERE digest = $1")
+                .bind(&key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if found.is_none() {
+            return Ok(Removed::Missing);
+        }
+        for sql in [
+            "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = $1)",
+            "DELETE FROM boots WHERE image_digest = $1",
+            "DELETE FROM image_artifacts WHERE image_digest = $1",
+            "DELETE FROM images WHERE digest = $1",
+        ] {
+            sqlx::query(sql).bind(&key).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(Removed::Done)
     }
 }

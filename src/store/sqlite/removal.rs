@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::Mac;
 use crate::api::event::NodeRemovedData;
+use crate::api::{Digest, NodeState};
 use crate::clock::now_ms;
-use crate::store::{RemovalStore, Removed, StoreError};
+use crate::store::{ImageUsers, RemovalStore, Removed, StoreError};
 
 #[async_trait]
 impl RemovalStore for SqliteStore {
@@ -48,6 +49,76 @@ impl RemovalStore for SqliteStore {
         tx.commit().await?;
         self.node_cache.invalidate(mac);
         self.notify_events();
+        Ok(Removed::Done)
+    }
+    async fn image_users(
+        &self,
+        digest: &Digest,
+        name_version: &str,
+    ) -> Result<ImageUsers, StoreError> {
+        let tags: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, tag FROM tags WHERE image_digest = ? ORDER BY name, tag")
+                .bind(digest.to_string())
+                .fetch_all(&self.pool)
+                .await?;
+        let assigned: Vec<(String,)> = sqlx::query_as(
+            "SELECT mac FROM nodes WHERE assigned_ref = ? OR assigned_ref = ? ORDER BY mac",
+        )
+        .bind(digest.to_string())
+        .bind(name_version)
+        .fetch_all(&self.pool)
+        .await?;
+        let last_booted: Vec<(String, String)> = sqlx::query_as(
+            "SELECT n.mac, n.state FROM nodes n WHERE
+             (SELECT b.image_digest FROM boots b WHERE b.mac = n.mac
+              ORDER BY b.created_at_ms DESC, b.rowid DESC LIMIT 1) = ? ORDER BY n.mac",
+        )
+        .bind(digest.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        let macs = |rows: Vec<(String,)>| -> Result<Vec<Mac>, StoreError> {
+            rows.into_iter()
+                .map(|(m,)| {
+                    m.parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))
+                })
+                .collect()
+        };
+        Ok(ImageUsers {
+            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+            assigned: macs(assigned)?,
+            last_booted: last_booted
+                .into_iter()
+                .map(|(m, state)| {
+                    let mac = m
+                        .parse()
+                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?;
+                    let state = NodeState::parse(&state)
+                        .ok_or_else(|| StoreError::Corrupt(format!("node state {state:?}")))?;
+                    Ok((mac, state))
+                })
+                .collect::<Result<_, StoreError>>()?,
+        })
+    }
+    async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let key = digest.to_string();
+        let found: Option<(String,)> = sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
+            .bind(&key)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if found.is_none() {
+            return Ok(Removed::Missing);
+        }
+        for sql in [
+            "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = ?)",
+            "DELETE FROM boots WHERE image_digest = ?",
+            "DELETE FROM image_artifacts WHERE image_digest = ?",
+            "DELETE FROM images WHERE digest = ?",
+        ] {
+            sqlx::query(sql).bind(&key).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
         Ok(Removed::Done)
     }
 }
