@@ -69,9 +69,10 @@ pub enum Command {
 /// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
 const ADMIN_ONLY_GLOBALS: [&str; 3] = ["server", "token", "output"];
 
-/// The command line definition as parsed: the derive's, with the admin-only globals
+/// The command line definition for help: the derive's, with the admin-only globals
 /// hidden under `serve` (clap propagates globals to every subcommand; `build` does that
-/// first, so that they can be hidden there).
+/// first, so that they can be hidden there). Only for help: a command built so no longer
+/// carries a global given after its subcommand (`serve --config F`) up to `Cli`.
 pub fn command() -> clap::Command {
     let mut cmd = <Cli as clap::CommandFactory>::command();
     cmd.build();
@@ -82,11 +83,46 @@ pub fn command() -> clap::Command {
     })
 }
 
-/// Parses the process's arguments with `command()`; exits with clap's message on error.
+/// `serve`'s help without the admin globals, when `args` ask for it (`serve --help`,
+/// `serve -h`, `help serve`). Clap builds its own help at parse time, propagating the
+/// globals again, so this one is rendered from `command()` instead.
+pub fn serve_help(args: &[std::ffi::OsString]) -> Option<String> {
+    let words: Vec<&std::ffi::OsStr> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.as_os_str())
+        .take_while(|a| *a != "--")
+        .collect();
+    let serve = words.iter().position(|a| *a == "serve")?;
+    let long = words.iter().any(|a| *a == "--help") || words[..serve].iter().any(|a| *a == "help");
+    let short = words.iter().any(|a| *a == "-h");
+    if !long && !short {
+        return None;
+    }
+    let mut cmd = command();
+    let serve = cmd.find_subcommand_mut("serve")?;
+    let help = if long {
+        serve.render_long_help()
+    } else {
+        serve.render_help()
+    };
+    Some(help.to_string())
+}
+
+/// Parses `args` with the derive's definition.
+pub fn parse_from(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::Parser as _;
+    Cli::try_parse_from(args)
+}
+
+/// The process's arguments, parsed; exits with clap's message (or help) otherwise.
 pub fn parse() -> Cli {
-    use clap::FromArgMatches as _;
-    let matches = command().get_matches();
-    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(help) = serve_help(&args) {
+        print!("{help}");
+        std::process::exit(0);
+    }
+    parse_from(args).unwrap_or_else(|e| e.exit())
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -150,6 +186,42 @@ mod tests {
         assert!(
             help.contains("--server") && help.contains("--output"),
             "{help}"
+        );
+    }
+
+    /// Globals given after the subcommand reach the command: `serve --config F` reads F.
+    #[test]
+    fn globals_after_the_subcommand_are_parsed() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let cli = super::parse_from(args(&[
+            "bootfleet",
+            "serve",
+            "--config",
+            "x.toml",
+            "--data-dir",
+            "/d",
+        ]))
+        .unwrap();
+        assert_eq!(cli.config.as_deref(), Some(std::path::Path::new("x.toml")));
+        assert_eq!(cli.data_dir.as_deref(), Some(std::path::Path::new("/d")));
+        let cli = super::parse_from(args(&["bootfleet", "node", "list", "--server", "http://s"]))
+            .unwrap();
+        assert_eq!(cli.server.as_deref(), Some("http://s"));
+        for asks in [
+            &["bootfleet", "serve", "--help"][..],
+            &["bootfleet", "--config", "x", "serve", "-h"],
+            &["bootfleet", "help", "serve"],
+        ] {
+            let help = super::serve_help(&args(asks)).expect("serve's help");
+            assert!(
+                help.contains("--listen") && !help.contains("--token"),
+                "{help}"
+            );
+        }
+        assert_eq!(super::serve_help(&args(&["bootfleet", "serve"])), None);
+        assert_eq!(
+            super::serve_help(&args(&["bootfleet", "node", "list", "-h"])),
+            None
         );
     }
 

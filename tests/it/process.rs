@@ -692,3 +692,48 @@ fn admin_commands_take_the_config_and_fail_by_class() {
     let (code, _, stderr) = cli_bare(&["--server", "ftp://x", "image", "list"]);
     assert_eq!(code, 2, "{stderr}");
 }
+
+/// `bootfleet serve --config FILE`, the README's way (the global after the subcommand),
+/// serves on the file's address from the file's data directory.
+#[test]
+fn serve_reads_the_config_given_after_the_subcommand() {
+    let work = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = work.path().join("from-config");
+    let config = work.path().join("bootfleet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin())
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .current_dir(work.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let up = loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(up, "nothing listened on the config's port {port}");
+    assert!(
+        data.join("admin.token").is_file(),
+        "the config's data_dir was not used"
+    );
+}
