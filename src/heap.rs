@@ -1,7 +1,11 @@
-//! Hands freed heap back to the OS once a load is over. glibc keeps what a burst freed (a
-//! boot storm's connections, a large listing) in its arenas, so the server's resident
-//! memory stayed at its peak long after the load ended; `malloc_trim` releases the free
-//! pages. Only on glibc; other allocators (musl's) return memory themselves.
+//! Keeps the heap from holding on to a load once it is over. glibc gives each thread that
+//! allocates under contention an arena of its own, up to 8 per core, and a burst (a boot
+//! storm's connections, 32 clients listing 20,000 nodes) leaves each arena fragmented:
+//! resident memory stayed near its peak long after the load ended. So arenas are capped
+//! at one per core (`limit_arenas`, before any thread starts; tcache keeps most
+//! allocations off the arena locks anyway), and free pages are handed back every 10 s
+//! (`trim_every`). Only on glibc; other allocators (musl's) return memory themselves.
+//! Figures: BENCHMARKS.md, "Issue 13".
 
 use std::time::Duration;
 
@@ -19,6 +23,20 @@ pub async fn trim_every(every: Duration, stop: CancellationToken) {
             () = stop.cancelled() => return,
         }
         let _ = tokio::task::spawn_blocking(trim).await;
+    }
+}
+
+/// Caps glibc's arenas at one per core (at least 2). Call first thing in `main`, before
+/// the runtime's threads exist.
+pub fn limit_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let arenas = libc::c_int::try_from(cores.max(2)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets a malloc tunable; called before other threads exist.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
     }
 }
 

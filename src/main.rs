@@ -1,7 +1,16 @@
 //! The `bootfleet` binary: server and admin CLI in one.
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Before the runtime's threads: they would each take a glibc arena of their own.
+    bootfleet::heap::limit_arenas();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts")
+        .block_on(run())
+}
+
+async fn run() -> std::process::ExitCode {
     let cli = bootfleet::cli::parse();
     if !matches!(cli.command, bootfleet::cli::Command::Serve(_)) {
         quiet_on_closed_pipe();
