@@ -273,3 +273,22 @@ pub(crate) fn tags(
         })
         .collect()
 }
+
+/// `name, tag` of `tags`, `mac` of `nodes`, and `mac, state` of `nodes`: what uses an image.
+pub(crate) fn image_users(
+    tags: Vec<(String, String)>,
+    assigned: Vec<(String,)>,
+    last_booted: Vec<(String, String)>,
+) -> Result<crate::store::ImageUsers, StoreError> {
+    Ok(crate::store::ImageUsers {
+        tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
+        assigned: assigned
+            .iter()
+            .map(|(m,)| mac(m))
+            .collect::<Result<_, _>>()?,
+        last_booted: last_booted
+            .iter()
+            .map(|(m, s)| Ok((mac(m)?, state(s)?)))
+            .collect::<Result<_, StoreError>>()?,
+    })
+}

@@ -689,12 +689,7 @@ async fn a_boot_must_come_from_the_address_dhcp_saw_the_mac_use() {
         "no boot was recorded: {node}"
     );
     // What DHCP did shows before any script: the node got its answers.
-    let seen: Vec<&str> = node["preboot"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
+    let seen = strings(&node["preboot"], "step");
     assert_eq!(seen, ["ipxe dhcp offer", "ipxe dhcp ack"], "{node}");
 
     // From the leased address, as the node itself asks: its boot script.
@@ -708,12 +703,7 @@ async fn a_boot_must_come_from_the_address_dhcp_saw_the_mac_use() {
     let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
     assert_eq!(node["state"], "provisioning", "{node}");
     // The boot's timeline opens with those answers; nothing is left pending.
-    let steps: Vec<&str> = node["boots"][0]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
+    let steps = strings(&node["boots"][0]["steps"], "step");
     assert_eq!(
         steps[..3],
         ["ipxe dhcp offer", "ipxe dhcp ack", "script"],

@@ -372,12 +372,7 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
     .await;
     let first_boot = vm.powered.elapsed();
     assert_eq!(node["boots"][0]["image"], v1["digest"]);
-    let steps: Vec<&str> = node["boots"][0]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
+    let steps = strings(&node["boots"][0]["steps"], "step");
     // DHCP answers open the timeline (QEMU's ROM is iPXE: DISCOVER, REQUEST).
     let script = steps
         .iter()
@@ -398,12 +393,7 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
         ],
         "{node}"
     );
-    let tos: Vec<&str> = node["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["to"].as_str().unwrap())
-        .collect();
+    let tos = strings(&node["history"], "to");
     assert_eq!(
         tos,
         [
@@ -503,12 +493,7 @@ async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
         "undionly.kpxe did not take over the NIC:\n{serial}"
     );
     assert_eq!(node["boots"].as_array().unwrap().len(), 1, "{node}");
-    let steps: Vec<&str> = node["boots"][0]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
+    let steps = strings(&node["boots"][0]["steps"], "step");
     assert_eq!(steps.last(), Some(&"validated"), "{node}");
     // The chainload is on the timeline: the ROM's DHCP, the TFTP transfer of
     // undionly.kpxe, then DHCP again from our iPXE, then the script.

@@ -340,3 +340,17 @@ pub fn mutate(rng: &mut Rng, p: &mut Vec<u8>, insert_from: usize) {
         }
     }
 }
+
+/// The string `field` of each object in the JSON array `list` (steps' names, history's
+/// target states).
+pub fn strings<'a>(list: &'a serde_json::Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"))
+        .iter()
+        .map(|item| {
+            item[field]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {field} in {item}"))
+        })
+        .collect()
+}

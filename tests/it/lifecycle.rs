@@ -254,12 +254,7 @@ async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
     let node = batch.node().await;
     assert_eq!(node["boots"][0]["id"], b2.id.as_str());
     assert_eq!(node["boots"][0]["image"], v2["digest"]);
-    let tos: Vec<&str> = node["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["to"].as_str().unwrap())
-        .collect();
+    let tos = strings(&node["history"], "to");
     assert_eq!(
         tos,
         [

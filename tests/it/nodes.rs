@@ -448,12 +448,7 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
     );
     let (_, node) = server.json(&format!("/api/v1/nodes/{}", macs[0])).await;
     assert_eq!(node["state"], "provisioning");
-    let tos: Vec<&str> = node["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["to"].as_str().unwrap())
-        .collect();
+    let tos = strings(&node["history"], "to");
     assert_eq!(
         tos,
         [

@@ -4,9 +4,9 @@
 use async_trait::async_trait;
 
 use super::PgStore;
+use crate::api::Digest;
 use crate::api::Mac;
 use crate::api::event::NodeRemovedData;
-use crate::api::{Digest, NodeState};
 use crate::clock::now_ms;
 use crate::store::{ImageUsers, RemovalStore, Removed, StoreError};
 
@@ -76,29 +76,7 @@ impl RemovalStore for PgStore {
         .bind(digest.to_string())
         .fetch_all(&self.pool)
         .await?;
-        let macs = |rows: Vec<(String,)>| -> Result<Vec<Mac>, StoreError> {
-            rows.into_iter()
-                .map(|(m,)| {
-                    m.parse()
-                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))
-                })
-                .collect()
-        };
-        Ok(ImageUsers {
-            tags: tags.into_iter().map(|(n, t)| format!("{n}:{t}")).collect(),
-            assigned: macs(assigned)?,
-            last_booted: last_booted
-                .into_iter()
-                .map(|(m, state)| {
-                    let mac = m
-                        .parse()
-                        .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?;
-                    let state = NodeState::parse(&state)
-                        .ok_or_else(|| StoreError::Corrupt(format!("node state {state:?}")))?;
-                    Ok((mac, state))
-                })
-                .collect::<Result<_, StoreError>>()?,
-        })
+        crate::store::rows::image_users(tags, assigned, last_booted)
     }
     async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError> {
         let mut tx = self.tx().await?;
