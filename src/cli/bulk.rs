@@ -55,6 +55,17 @@ pub async fn targets(
     }
 }
 
+/// A result's answer as its text line: `line` of the type the server sent, or the JSON
+/// as it came when it is not that type.
+pub fn as_text<T: serde::de::DeserializeOwned>(
+    v: &serde_json::Value,
+    line: impl Fn(&T) -> String,
+) -> String {
+    serde_json::from_value::<T>(v.clone())
+        .map(|t| line(&t))
+        .unwrap_or_else(|_| v.to_string())
+}
+
 /// Runs `one` for each node in turn; prints a line (or, as JSON, the list) of results;
 /// fails naming how many were refused.
 pub async fn run_each<F, Fut>(

@@ -128,11 +128,7 @@ pub async fn run(
                 .join(" ")
         )
     };
-    let text = |v: &serde_json::Value| {
-        serde_json::from_value::<Node>(v.clone())
-            .map(|n| line(&n))
-            .unwrap_or_else(|_| v.to_string())
-    };
+    let text = |v: &serde_json::Value| super::bulk::as_text(v, line);
     super::bulk::run_each(&macs, out, text, |mac| {
         let row = by_mac[&mac];
         async move {

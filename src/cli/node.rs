@@ -175,7 +175,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             super::bulk::run_each(
                 &nodes,
                 out,
-                |v| as_text(v, line),
+                |v| super::bulk::as_text(v, line),
                 |mac| async move { Ok(serde_json::to_value(assign(mac).await?)?) },
             )
             .await
@@ -201,7 +201,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             super::bulk::run_each(
                 &targets,
                 out,
-                |v| as_text(v, line),
+                |v| super::bulk::as_text(v, line),
                 |mac| async move { Ok(serde_json::to_value(remove(mac).await?)?) },
             )
             .await
@@ -264,7 +264,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             super::bulk::run_each(
                 &targets,
                 out,
-                |v| as_text(v, line),
+                |v| super::bulk::as_text(v, line),
                 |mac| async move { Ok(serde_json::to_value(reimage(mac).await?)?) },
             )
             .await
@@ -305,16 +305,6 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             })
         }
     }
-}
-
-/// A bulk result's answer as its text line (`line` of the type the server sent).
-fn as_text<T: serde::de::DeserializeOwned>(
-    v: &serde_json::Value,
-    line: impl Fn(&T) -> String,
-) -> String {
-    serde_json::from_value::<T>(v.clone())
-        .map(|t| line(&t))
-        .unwrap_or_else(|_| v.to_string())
 }
 
 fn labels_of(n: &Node) -> Vec<String> {

@@ -58,6 +58,14 @@ impl NodeController {
         self
     }
 
+    /// The node as stored now; each compare-and-set loop starts from it.
+    async fn current(&self, mac: &Mac) -> Result<NodeRecord, ControlError> {
+        self.store
+            .node(mac)
+            .await?
+            .ok_or(ControlError::UnknownNode(*mac))
+    }
+
     /// Removes the node with its history and boots (an event says so), when
     /// `state::removable` allows it or `force`; retried when the node changes meanwhile.
     pub async fn remove(
@@ -67,11 +75,7 @@ impl NodeController {
         force: bool,
     ) -> Result<NodeRecord, ControlError> {
         for _ in 0..CAS_ATTEMPTS {
-            let node = self
-                .store
-                .node(mac)
-                .await?
-                .ok_or(ControlError::UnknownNode(*mac))?;
+            let node = self.current(mac).await?;
             if !force && !crate::node::state::removable(node.state) {
                 return Err(ControlError::InUse(*mac, node.state));
             }
@@ -108,11 +112,7 @@ impl NodeController {
         with: Option<&Attached<'_>>,
     ) -> Result<NodeRecord, ControlError> {
         for _ in 0..CAS_ATTEMPTS {
-            let node = self
-                .store
-                .node(mac)
-                .await?
-                .ok_or(ControlError::UnknownNode(*mac))?;
+            let node = self.current(mac).await?;
             let to = transition(node.state, event)?;
             match self
                 .store

@@ -95,6 +95,40 @@ async fn image(store: &Store, name: &str, version: &str) -> Digest {
     digest
 }
 
+/// Opens boot `id` of `image` for `mac` as a served script does: the node moves to
+/// provisioning with the boot row. Returns the node after.
+async fn open_boot(
+    store: &Store,
+    mac: &Mac,
+    id: &str,
+    image: &Digest,
+    preboot_json: Option<&str>,
+) -> bootfleet::store::NodeRecord {
+    let node = store.node(mac).await.unwrap().expect("the node exists");
+    let token = Digest::of(b"token");
+    let boot = Attached::Boot(NewBoot {
+        id,
+        image,
+        token_sha256: &token,
+        preboot_json,
+    });
+    let opened = store
+        .set_state(
+            mac,
+            node.version,
+            node.state,
+            NodeState::Provisioning,
+            "boot",
+            Some(&boot),
+        )
+        .await
+        .unwrap();
+    match opened {
+        CasOutcome::Done(node) => *node,
+        other => panic!("boot {id} did not open: {other:?}"),
+    }
+}
+
 /// What refers to an image is found (tags, assignments, the nodes whose newest boot ran
 /// it), and removing it takes its rows and the boot records that ran it.
 async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
@@ -103,27 +137,8 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
     let new = image(&store, "demo", "2").await;
     let mac = mac(50);
     store.discover(&mac, None, "test").await.unwrap();
-    let token = Digest::of(b"token");
     for (id, digest) in [("boot-old", &old), ("boot-new", &new)] {
-        let node = store.node(&mac).await.unwrap().unwrap();
-        let boot = Attached::Boot(NewBoot {
-            id,
-            image: digest,
-            token_sha256: &token,
-            preboot_json: None,
-        });
-        let opened = store
-            .set_state(
-                &mac,
-                node.version,
-                node.state,
-                NodeState::Provisioning,
-                "boot",
-                Some(&boot),
-            )
-            .await
-            .unwrap();
-        assert!(matches!(opened, CasOutcome::Done(_)), "{id} opens");
+        open_boot(&store, &mac, id, digest, None).await;
     }
     store.assign(&mac, "demo:2").await.unwrap();
     store
@@ -173,28 +188,9 @@ async fn a_node_is_removed_whole_under_its_version(db: Db) {
     let store = db.open().await;
     let digest = image(&store, "demo", "1").await;
     let mac = mac(40);
-    let (node, _) = store.discover(&mac, None, "test").await.unwrap();
-    let token = Digest::of(b"token");
-    let boot = Attached::Boot(NewBoot {
-        id: "boot-rm",
-        image: &digest,
-        token_sha256: &token,
-        preboot_json: Some(r#"[{"step":"dhcp ack","at_ms":1,"outcome":"ok"}]"#),
-    });
-    let CasOutcome::Done(node) = store
-        .set_state(
-            &mac,
-            node.version,
-            node.state,
-            NodeState::Provisioning,
-            "boot",
-            Some(&boot),
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("the boot opens")
-    };
+    store.discover(&mac, None, "test").await.unwrap();
+    let preboot = r#"[{"step":"dhcp ack","at_ms":1,"outcome":"ok"}]"#;
+    let node = open_boot(&store, &mac, "boot-rm", &digest, Some(preboot)).await;
     let fetch = Fetch {
         digest,
         started_at_ms: 1,
@@ -377,28 +373,8 @@ async fn a_boot_attests_once_across_servers(db: Db) {
     let (a, b) = (db.open().await, db.open().await);
     let digest = image(&a, "demo", "1").await;
     let mac = mac(2);
-    let (node, _) = a.discover(&mac, None, "test").await.unwrap();
-    let token = Digest::of(b"token");
-    let boot = Attached::Boot(NewBoot {
-        id: "boot-1",
-        image: &digest,
-        token_sha256: &token,
-        preboot_json: None,
-    });
-    let CasOutcome::Done(node) = a
-        .set_state(
-            &mac,
-            node.version,
-            node.state,
-            NodeState::Provisioning,
-            "boot",
-            Some(&boot),
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("the boot opens")
-    };
+    a.discover(&mac, None, "test").await.unwrap();
+    let node = open_boot(&a, &mac, "boot-1", &digest, None).await;
     let attest = Attached::Attestation {
         boot_id: "boot-1",
         verdict_json: "{}",
