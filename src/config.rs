@@ -68,6 +68,9 @@ pub struct FileConfig {
     /// `[discovery]`: what unknown MACs may add.
     #[serde(default)]
     pub discovery: crate::node::policy::DiscoveryPolicy,
+    /// `[power]`: BMC secrets, timeouts and rate limits.
+    #[serde(default)]
+    pub power: crate::power::service::PowerSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -211,6 +214,7 @@ pub struct ServerConfig {
     pub boots: crate::node::boot_guard::BootsPolicy,
     /// Serve the admin API here only, apart from the boot routes (a management network).
     pub admin_listen: Option<SocketAddr>,
+    pub power: crate::power::service::PowerSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -274,6 +278,7 @@ impl ServerConfig {
             events: file.events,
             discovery: file.discovery,
             boots: file.boots,
+            power: file.power,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

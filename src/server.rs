@@ -30,6 +30,8 @@ pub struct Server {
     /// Connection caps and timeouts.
     pub http_settings: crate::http::serve::HttpSettings,
     pub retention: crate::events::retention::Retention,
+    /// `[reimage] agent_grace_secs`, for the BMC fallback.
+    pub agent_grace_secs: u64,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -83,8 +85,20 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         addresses: Default::default(),
         preboot: Default::default(),
     };
+    let secrets = cfg
+        .power
+        .secrets_dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("secrets"));
+    let power = crate::power::service::PowerService::new(
+        store.clone(),
+        nodes.reimage.clone(),
+        crate::power::secrets::Secrets::new(secrets),
+        cfg.power.clone(),
+    );
     let blobs = registry.blobs.clone();
     let http = AppState {
+        power: std::sync::Arc::new(power),
         registry,
         token,
         tasks: TaskTracker::new(),
@@ -102,6 +116,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         blobs,
         webhooks,
         policy: cfg.lifecycle.clone(),
+        agent_grace_secs: cfg.budget.agent_grace_secs,
         http_settings: cfg.http.clone(),
         retention: cfg.events.clone(),
     })
@@ -158,6 +173,15 @@ pub async fn run_on(
     }
     state.tasks.spawn(crate::heap::trim_every(
         crate::heap::TRIM_EVERY,
+        state.stopping.clone(),
+    ));
+    let powering = lead(crate::leader::POWER);
+    state.tasks.spawn(crate::power::fallback::run(
+        server.store.clone(),
+        state.power.clone(),
+        state.nodes.controller.clone(),
+        server.agent_grace_secs,
+        powering,
         state.stopping.clone(),
     ));
     // The sweeper's lease also makes one server the event pruner.

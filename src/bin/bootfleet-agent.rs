@@ -92,10 +92,15 @@ fn main() -> ExitCode {
         None => Box::new(Nvml),
     };
     let agent = Agent {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .expect("HTTP client builds"),
+        http: {
+            // reqwest is built with rustls and no provider of its own (see the server's
+            // http_client); the agent installs the same one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            reqwest::Client::builder()
+        }
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("HTTP client builds"),
         server,
         boot,
         token,

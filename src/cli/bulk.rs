@@ -72,22 +72,44 @@ pub async fn run_each<F, Fut>(
     nodes: &[Mac],
     out: OutputFormat,
     text: impl Fn(&serde_json::Value) -> String,
-    mut one: F,
+    one: F,
 ) -> anyhow::Result<()>
 where
-    F: FnMut(Mac) -> Fut,
+    F: Fn(Mac) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<serde_json::Value>>,
 {
+    run_bounded(nodes, 1, out, text, one).await
+}
+
+/// As `run_each`, with up to `width` requests in flight; results print in the nodes'
+/// order as they complete in it.
+pub async fn run_bounded<F, Fut>(
+    nodes: &[Mac],
+    width: usize,
+    out: OutputFormat,
+    text: impl Fn(&serde_json::Value) -> String,
+    one: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Mac) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<serde_json::Value>>,
+{
+    use futures_util::StreamExt as _;
+    let mut pending = futures_util::stream::iter(nodes.iter().map(|mac| {
+        let fut = one(*mac);
+        async move { (*mac, fut.await) }
+    }))
+    .buffered(width.max(1));
     let mut results = Vec::with_capacity(nodes.len());
-    for mac in nodes {
-        let result = match one(*mac).await {
+    while let Some((mac, outcome)) = pending.next().await {
+        let result = match outcome {
             Ok(answer) => NodeResult {
-                mac: *mac,
+                mac,
                 answer: Some(answer),
                 error: None,
             },
             Err(e) => NodeResult {
-                mac: *mac,
+                mac,
                 answer: None,
                 error: Some(format!("{e:#}")),
             },

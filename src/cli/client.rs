@@ -91,7 +91,7 @@ impl Client {
             ))
             .into());
         }
-        let http = reqwest::Client::builder()
+        let http = crate::http_client::builder()
             .user_agent(concat!("bootfleet-cli/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {

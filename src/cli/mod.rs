@@ -6,6 +6,7 @@ mod image;
 mod import;
 mod node;
 pub mod output;
+mod power;
 mod serve;
 
 use std::path::PathBuf;

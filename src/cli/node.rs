@@ -1,5 +1,5 @@
 //! `bootfleet node ...`: list, show, assign, label, history, events, reimage and
-//! revalidate nodes.
+//! revalidate nodes; power and bmc are in `cli::power`.
 
 use std::collections::BTreeMap;
 
@@ -99,6 +99,14 @@ pub enum NodeCommand {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
     },
+    /// Power status and actions through nodes' BMCs: `power status|on|off|soft-off|cycle
+    /// NODE...` or `--selector`. Actions need --reason; off, soft-off and cycle count
+    /// against the disruption budget (the node becomes reimaging until it boots again);
+    /// on and cycle set a one-time network boot first and read it back.
+    Power(super::power::PowerArgs),
+    /// How a node's BMC is reached (Redfish or IPMI, and the credential's name).
+    #[command(subcommand)]
+    Bmc(super::power::BmcCommand),
     /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
     /// disruption budget (retry later); the same --idempotency-key gets the first answer.
     Reimage {
@@ -269,6 +277,8 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             )
             .await
         }
+        NodeCommand::Power(args) => super::power::power(args, client, out).await,
+        NodeCommand::Bmc(cmd) => super::power::bmc(cmd, client, out).await,
         NodeCommand::Events { node, since } => {
             let page: EventPage = client
                 .send(client.request(
@@ -334,6 +344,22 @@ fn print_detail(d: &NodeDetail) {
     println!("assigned: {}", n.assigned.as_deref().unwrap_or("-"));
     let labels = labels_of(n);
     println!("labels:   {}", labels.join(", "));
+    match &n.bmc {
+        Some(b) => println!(
+            "bmc:      {b} (credential {})",
+            b.credential.as_deref().unwrap_or("-")
+        ),
+        None => println!("bmc:      -"),
+    }
+    if !d.power.is_empty() {
+        println!("power (newest first):");
+        for p in &d.power {
+            println!(
+                "  {}  {:<8} {:>7}ms  {}  ({})",
+                p.at, p.action, p.took_ms, p.outcome, p.reason
+            );
+        }
+    }
     if !d.preboot.is_empty() {
         println!("since the last boot script (DHCP, TFTP):");
         print_steps(&d.preboot);

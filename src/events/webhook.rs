@@ -123,7 +123,7 @@ pub async fn run(
     mut leading: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
-    let client = reqwest::Client::builder()
+    let client = crate::http_client::builder()
         .timeout(REQUEST_TIMEOUT)
         .build()
         .expect("HTTP client builds");

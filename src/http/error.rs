@@ -34,6 +34,12 @@ pub enum ApiError {
     /// 503 with Retry-After, so the client tries again or elsewhere.
     #[error("{0}")]
     Unavailable(String),
+    /// Something we called on the client's behalf (a node's BMC) failed: 502.
+    #[error("{0}")]
+    BadGateway(String),
+    /// Over a limit that lifts with time (the disruption budget): 429 with Retry-After.
+    #[error("{0}")]
+    TooMany(String),
 }
 
 impl From<RegistryError> for ApiError {
@@ -98,6 +104,8 @@ impl IntoResponse for ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
         };
         let error = capped(self.to_string());
         if status.is_server_error() {
@@ -110,6 +118,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
         }
         if status == StatusCode::UNAUTHORIZED {
             response

@@ -10,6 +10,7 @@ mod events;
 mod images;
 mod ipxe;
 mod nodes;
+mod power;
 pub mod range;
 pub mod serve;
 
@@ -46,6 +47,8 @@ pub struct AppState {
     /// This server among those sharing a store (`leader::holder_id`): who holds roles,
     /// whose write probe a row is.
     pub server_id: String,
+    /// Power control through nodes' BMCs.
+    pub power: std::sync::Arc<crate::power::service::PowerService>,
 }
 
 /// The most an admin JSON body may be (bundles have their own limits): a label request
@@ -125,6 +128,11 @@ fn admin_api(state: &AppState) -> Router<AppState> {
         .route("/nodes/{mac}/labels", patch(nodes::label))
         .route("/nodes/{mac}/reimage", post(nodes::reimage))
         .route("/nodes/{mac}/revalidate", post(nodes::revalidate))
+        .route(
+            "/nodes/{mac}/bmc",
+            put(power::set_bmc).delete(power::clear_bmc),
+        )
+        .route("/nodes/{mac}/power", get(power::status).post(power::act))
         .route("/events", get(events::list))
         .route("/events/stream", get(events::stream))
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))

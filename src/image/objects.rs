@@ -131,7 +131,7 @@ impl Objects {
                 path.display()
             ))
         })?;
-        let http = reqwest::Client::builder()
+        let http = crate::http_client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(Duration::from_secs(30))
             .build()

@@ -21,6 +21,8 @@ pub const RENEW: Duration = Duration::from_secs(5);
 
 pub const WEBHOOKS: &str = "webhooks";
 pub const SWEEPER: &str = "sweeper";
+/// Carries reimages through BMCs to nodes that do not answer (`power::fallback`).
+pub const POWER: &str = "power";
 
 /// This process's name in the `leaders` table: host, pid and a random part (a pid
 /// repeats across restarts and containers).

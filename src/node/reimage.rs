@@ -66,6 +66,14 @@ pub struct DisruptionBudget {
     /// The label that groups nodes (for example "rack"), and how many of one group at once.
     pub group_label: Option<String>,
     pub max_per_group: i64,
+    /// Seconds a node's agent has to ask for its reboot before bootfleet power-cycles it
+    /// through its BMC (nodes with one; see `power::fallback`).
+    #[serde(default = "default_agent_grace_secs")]
+    pub agent_grace_secs: u64,
+}
+
+fn default_agent_grace_secs() -> u64 {
+    300
 }
 
 impl Default for DisruptionBudget {
@@ -74,6 +82,7 @@ impl Default for DisruptionBudget {
             max_total: 10,
             group_label: Some("rack".into()),
             max_per_group: 2,
+            agent_grace_secs: default_agent_grace_secs(),
         }
     }
 }

@@ -70,6 +70,7 @@ pub const ALLOWED: &[(NodeState, NodeState)] = &[
     (Ready, Unreachable),
     (Reimaging, Provisioning),
     (Reimaging, Unreachable),
+    (Reimaging, Quarantined),
     (AttestationFailed, Provisioning),
     (AttestationFailed, Reimaging),
     (AttestationFailed, Unreachable),
@@ -85,6 +86,7 @@ pub const ALLOWED: &[(NodeState, NodeState)] = &[
     (Unreachable, Provisioning),
     (Unreachable, Validating),
     (Unreachable, Reimaging),
+    (Unreachable, Quarantined),
     (Quarantined, Reimaging),
 ];
 

@@ -564,6 +564,44 @@ pub trait RemovalStore: Send + Sync {
     async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError>;
 }
 
+/// One power action as stored (`power_actions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PowerRow {
+    pub at_ms: i64,
+    pub action: String,
+    pub reason: String,
+    /// `ok`, or the BMC's error.
+    pub outcome: String,
+    pub took_ms: i64,
+}
+
+/// A reimage that has not begun (`PowerStore::pending_reimages`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingReimage {
+    pub mac: Mac,
+    /// When the node last became reimaging.
+    pub since_ms: i64,
+    /// The state it was in before.
+    pub from: Option<NodeState>,
+    pub state: NodeState,
+}
+
+/// Nodes' BMCs and the power actions taken through them.
+#[async_trait]
+pub trait PowerStore: Send + Sync {
+    /// Sets (or, with None, forgets) how `mac`'s BMC is reached, with a `node.bmc` event,
+    /// in one transaction; None when there is no such node.
+    async fn set_bmc(&self, mac: &Mac, bmc: Option<&Bmc>)
+    -> Result<Option<NodeRecord>, StoreError>;
+    /// Records a power action and its `node.power` event in one transaction.
+    async fn record_power(&self, mac: &Mac, row: &PowerRow) -> Result<(), StoreError>;
+    /// `mac`'s last `limit` power actions, newest first.
+    async fn power_actions(&self, mac: &Mac, limit: i64) -> Result<Vec<PowerRow>, StoreError>;
+    /// Reimages asked for and not yet begun: nodes reimaging (or gone unreachable since)
+    /// with no boot started after their last move to reimaging.
+    async fn pending_reimages(&self) -> Result<Vec<PendingReimage>, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
@@ -576,6 +614,7 @@ pub trait Backend:
     + LeaseStore
     + LeaderStore
     + RemovalStore
+    + PowerStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

@@ -292,3 +292,16 @@ pub(crate) fn image_users(
             .collect::<Result<_, StoreError>>()?,
     })
 }
+
+/// `at_ms, action, reason, outcome, took_ms` of `power_actions`.
+pub(crate) type PowerRowTuple = (i64, String, String, String, i64);
+
+pub(crate) fn power_row(r: PowerRowTuple) -> crate::store::PowerRow {
+    crate::store::PowerRow {
+        at_ms: r.0,
+        action: r.1,
+        reason: r.2,
+        outcome: r.3,
+        took_ms: r.4,
+    }
+}

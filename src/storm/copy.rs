@@ -51,7 +51,7 @@ pub async fn http_phase(urls: &[String], nodes: usize, cut_every: usize) -> Copy
         let urls = urls.to_vec();
         let cut = cut_every > 0 && i % cut_every == 0;
         tasks.spawn(async move {
-            let http = reqwest::Client::builder()
+            let http = crate::http_client::builder()
                 .timeout(Duration::from_secs(600))
                 .build()
                 .ok()?;

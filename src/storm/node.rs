@@ -170,7 +170,7 @@ async fn run(
         .file
         .filter(|f| f.starts_with("http://"))
         .ok_or_else(|| Failed(Phase::DhcpIpxe, "no script URL for iPXE".into()))?;
-    let mut http = reqwest::Client::builder()
+    let mut http = crate::http_client::builder()
         .timeout(Duration::from_secs(120))
         .pool_max_idle_per_host(1);
     if b.bind_leased {

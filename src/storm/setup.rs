@@ -82,7 +82,7 @@ pub async fn setup(
         std::fs::write(dir.join("vmlinuz"), &kernel)?;
         std::fs::write(dir.join("initrd.img"), &initrd)?;
     }
-    let http = reqwest::Client::builder()
+    let http = crate::http_client::builder()
         .timeout(Duration::from_secs(300))
         .build()?;
     let base = server.trim_end_matches('/');

@@ -5,7 +5,7 @@ use crate::harness::*;
 #[tokio::test]
 async fn admin_routes_need_the_token() {
     let server = TestServer::start().await;
-    let http = reqwest::Client::new();
+    let http = bootfleet::http_client::builder().build().unwrap();
     let routes = [
         (reqwest::Method::GET, "/api/v1/images"),
         (reqwest::Method::POST, "/api/v1/images"),
@@ -82,7 +82,7 @@ async fn token_file_is_private() {
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() {
     let server = TestServer::start().await;
-    let http = reqwest::Client::new();
+    let http = bootfleet::http_client::builder().build().unwrap();
     for (header, status) in [
         (format!("bearer {}", server.token), 200),
         (format!("BEARER {}", server.token), 200),
@@ -109,7 +109,7 @@ async fn the_admin_api_can_listen_apart_from_the_boot_routes() {
     })
     .await;
     let admin = server.admin_addr.expect("an admin listener");
-    let http = reqwest::Client::new();
+    let http = bootfleet::http_client::builder().build().unwrap();
     let at = |addr: std::net::SocketAddr, path: &str| format!("http://{addr}{path}");
 
     // On the boot listener, even the right token reaches no admin route.

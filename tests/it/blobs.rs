@@ -16,7 +16,7 @@ async fn serves_whole_ranges_and_conditionals() {
     let kernel = noise(3 << 20, 21); // over several 1 MiB chunks
     let hex = publish_kernel(&server, &kernel).await;
     let url = server.url(&format!("/blobs/sha256/{hex}"));
-    let http = reqwest::Client::new();
+    let http = bootfleet::http_client::builder().build().unwrap();
     let etag = format!("\"sha256:{hex}\"");
 
     let r = http.get(&url).send().await.unwrap();

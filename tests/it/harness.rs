@@ -70,7 +70,7 @@ impl TestServer {
             admin_addr,
             token,
             data,
-            http: reqwest::Client::new(),
+            http: bootfleet::http_client::builder().build().unwrap(),
             shutdown,
             task: Some(task),
         }

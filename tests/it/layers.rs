@@ -14,15 +14,19 @@ const RULES: &[(&str, &[&str])] = &[
     ("clock", &[]),
     ("udp_buffer", &[]),
     ("heap", &[]),
+    ("http_client", &[]),
     ("auth", &[]),
     ("dhcp", &["api", "clock", "udp_buffer"]),
     ("tftp", &["api", "clock", "udp_buffer", "image"]),
     ("boot", &["api"]),
-    ("image", &["api", "clock"]),
+    ("image", &["api", "clock", "http_client"]),
     ("store", &["api", "clock"]),
     ("leader", &["clock", "store"]),
     ("registry", &["api", "clock", "image", "store"]),
-    ("events", &["api", "clock", "leader", "store"]),
+    (
+        "events",
+        &["api", "clock", "http_client", "leader", "store"],
+    ),
     (
         "node",
         &[
@@ -30,17 +34,21 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "power",
+        &["api", "clock", "http_client", "leader", "node", "store"],
+    ),
+    (
         "http",
         &[
-            "api", "auth", "clock", "events", "image", "node", "registry", "tftp",
+            "api", "auth", "clock", "events", "image", "node", "power", "registry", "tftp",
         ],
     ),
-    ("cli", &["api", "auth", "config"]),
-    ("storm", &["api", "clock", "tftp", "cli"]),
+    ("cli", &["api", "auth", "config", "http_client"]),
+    ("storm", &["api", "clock", "http_client", "tftp", "cli"]),
     (
         "config",
         &[
-            "api", "dhcp", "events", "http", "image", "node", "store", "tftp",
+            "api", "dhcp", "events", "http", "image", "node", "power", "store", "tftp",
         ],
     ),
     (
@@ -55,9 +63,11 @@ const RULES: &[(&str, &[&str])] = &[
             "events",
             "heap",
             "http",
+            "http_client",
             "image",
             "leader",
             "node",
+            "power",
             "registry",
             "store",
             "tftp",

@@ -537,6 +537,7 @@ async fn refused_reports_and_reimages_are_events() {
             max_total: 1,
             group_label: None,
             max_per_group: 1,
+            ..Default::default()
         };
     })
     .await;

@@ -267,7 +267,9 @@ async fn publishes_past_the_cap_wait_and_downloads_go_on() {
     let url = server.url("/api/v1/images");
     let token = server.token.clone();
     let next = tokio::spawn(async move {
-        reqwest::Client::new()
+        bootfleet::http_client::builder()
+            .build()
+            .unwrap()
             .post(url)
             .bearer_auth(token)
             .body(good_bundle("c", "1", b"kernel c"))

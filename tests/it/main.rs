@@ -17,6 +17,7 @@ mod limits;
 mod nodes;
 mod objects;
 mod pg;
+mod power;
 mod process;
 mod publish;
 mod s3;

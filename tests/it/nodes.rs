@@ -309,6 +309,7 @@ async fn reimage_obeys_the_budget_is_idempotent_and_reaches_the_node() {
             max_total: 2,
             group_label: Some("rack".into()),
             max_per_group: 1,
+            ..Default::default()
         };
     })
     .await;

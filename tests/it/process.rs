@@ -7,22 +7,31 @@ use std::time::Duration;
 
 use crate::harness::*;
 
-struct ServerProcess {
+pub struct ServerProcess {
     child: Child,
-    url: String,
+    pub url: String,
     lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl ServerProcess {
-    fn spawn(data: &Path) -> Self {
+    pub fn spawn(data: &Path) -> Self {
+        Self::spawn_configured(data, None)
+    }
+
+    /// With a settings file (`serve --config`).
+    pub fn spawn_configured(data: &Path, config: Option<&Path>) -> Self {
+        let mut args = vec![
+            "--data-dir",
+            data.to_str().unwrap(),
+            "serve",
+            "--log-format",
+            "json",
+        ];
+        if let Some(c) = config {
+            args.extend(["--config", c.to_str().unwrap()]);
+        }
         let mut child = Command::new(bin())
-            .args([
-                "--data-dir",
-                data.to_str().unwrap(),
-                "serve",
-                "--log-format",
-                "json",
-            ])
+            .args(&args)
             .env("BOOTFLEET_LISTEN", "127.0.0.1:0")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -55,6 +64,11 @@ impl ServerProcess {
         server
     }
 
+    /// Every log line the server wrote so far (after its start).
+    pub fn log_lines(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
     fn kill9(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
@@ -69,7 +83,7 @@ impl Drop for ServerProcess {
 }
 
 /// Runs the CLI; returns (success, stdout, stderr).
-fn cli(server: &ServerProcess, data: &Path, args: &[&str]) -> (bool, String, String) {
+pub fn cli(server: &ServerProcess, data: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin())
         .args([
             "--server",
@@ -88,7 +102,7 @@ fn cli(server: &ServerProcess, data: &Path, args: &[&str]) -> (bool, String, Str
     )
 }
 
-fn cli_json(server: &ServerProcess, data: &Path, args: &[&str]) -> serde_json::Value {
+pub fn cli_json(server: &ServerProcess, data: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["--output", "json"];
     all.extend_from_slice(args);
     let (ok, stdout, stderr) = cli(server, data, &all);

@@ -43,6 +43,7 @@ async fn two_servers_share_one_state_and_one_disruption_budget() {
             max_total: 10,
             group_label: Some("rack".into()),
             max_per_group: 1,
+            ..Default::default()
         };
     })
     .await;

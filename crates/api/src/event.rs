@@ -17,6 +17,11 @@ pub mod kind {
     pub const IMAGE_BROKEN: &str = "image.broken";
     /// An admin removed a node (with its history and boots): `{state, reason}`.
     pub const NODE_REMOVED: &str = "node.removed";
+    /// A power action through a node's BMC, carried out or failed:
+    /// `{action, reason, outcome, took_ms}` (`outcome` is `ok` or the BMC's error).
+    pub const POWER: &str = "node.power";
+    /// A BMC's settings were set or removed: `{bmc}` (never a credential, only its name).
+    pub const BMC_SET: &str = "node.bmc";
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +75,23 @@ pub struct NodeRemovedData {
     /// The state it was in.
     pub state: crate::NodeState,
     pub reason: String,
+}
+
+/// `data` of a `node.power` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerData {
+    /// `on`, `off`, `soft-off`, `cycle`.
+    pub action: String,
+    pub reason: String,
+    /// `ok`, or the BMC's error.
+    pub outcome: String,
+    pub took_ms: i64,
+}
+
+/// `data` of a `node.bmc` event: the BMC as set, or None when it was removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BmcSetData {
+    pub bmc: Option<crate::power::Bmc>,
 }
 
 /// `data` of an `image.broken` event.

@@ -10,6 +10,7 @@ pub mod event;
 pub mod image;
 pub mod mac;
 pub mod node;
+pub mod power;
 pub mod refs;
 
 pub use digest::{Digest, DigestError};

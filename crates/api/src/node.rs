@@ -95,7 +95,7 @@ pub struct Node {
     pub version: i64,
     pub created_at: String,
     pub updated_at: String,
-    /// How to reach the node's BMC; filled by the power-control work.
+    /// How to reach the node's BMC, when it has one.
     pub bmc: Option<Bmc>,
 }
 
@@ -114,18 +114,7 @@ pub struct NodeQuery {
     pub selector: Option<String>,
 }
 
-/// A node's baseboard management controller. Credentials are never stored here, only the
-/// name of the secret that holds them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bmc {
-    /// Host or address of the BMC.
-    pub address: String,
-    /// `redfish` or `ipmi`.
-    pub protocol: String,
-    /// Name of the secret holding the credentials.
-    pub credential: Option<String>,
-}
+pub use crate::power::Bmc;
 
 /// One state change, with its reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,6 +138,9 @@ pub struct NodeDetail {
     /// timeline.
     #[serde(default)]
     pub preboot: Vec<Step>,
+    /// The last power actions through the node's BMC, newest first.
+    #[serde(default)]
+    pub power: Vec<crate::power::PowerEntry>,
 }
 
 /// A boot as a timeline: what happened, when, and where it stopped.

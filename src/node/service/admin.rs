@@ -4,6 +4,7 @@
 
 use crate::api::Mac;
 use crate::api::node::{LabelRequest, Node, NodeDetail, NodeQuery, RevalidateAccepted};
+use crate::api::power::PowerEntry;
 use crate::api::refs::ImageRef;
 use crate::node::selector::NodeFilter;
 use crate::registry::RegistryError;
@@ -16,6 +17,8 @@ pub const MAX_LABELS: usize = 64;
 
 /// Timelines shown with a node.
 const TIMELINES_SHOWN: i64 = 5;
+/// Power actions shown with a node.
+const POWER_SHOWN: i64 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -92,6 +95,18 @@ impl NodeService {
             history: store.node_history(mac).await?,
             boots: self.timelines(mac, TIMELINES_SHOWN).await?,
             preboot: self.preboot_steps(mac),
+            power: store
+                .power_actions(mac, POWER_SHOWN)
+                .await?
+                .into_iter()
+                .map(|r| PowerEntry {
+                    at: crate::clock::format_ms(r.at_ms),
+                    action: r.action,
+                    reason: r.reason,
+                    outcome: r.outcome,
+                    took_ms: r.took_ms,
+                })
+                .collect(),
         })
     }
 

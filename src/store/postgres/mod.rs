@@ -16,6 +16,7 @@ mod images;
 mod leaders;
 mod leases;
 mod nodes;
+mod power;
 mod removal;
 
 use std::time::Duration;

@@ -115,7 +115,7 @@ async fn node_on(
 }
 
 /// `node`, for callers that just wrote it.
-async fn written(pool: &sqlx::PgPool, mac: &Mac) -> Result<NodeRecord, StoreError> {
+pub(super) async fn written(pool: &sqlx::PgPool, mac: &Mac) -> Result<NodeRecord, StoreError> {
     node_on(pool, mac)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))

@@ -9,6 +9,7 @@ mod leaders;
 mod leases;
 mod node_cache;
 mod nodes;
+mod power;
 mod removal;
 
 use std::path::Path;

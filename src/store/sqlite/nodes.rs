@@ -449,7 +449,10 @@ impl NodeStore for SqliteStore {
 impl SqliteStore {
     /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held:
     /// the cache stays warm through a storm's state changes.
-    async fn node_after_write(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+    pub(super) async fn node_after_write(
+        &self,
+        mac: &Mac,
+    ) -> Result<Option<NodeRecord>, StoreError> {
         self.node_cache.invalidate(mac);
         self.read_into_cache(&self.pool, mac).await
     }

@@ -34,6 +34,7 @@ impl RemovalStore for SqliteStore {
             "DELETE FROM boots WHERE mac = ?",
             "DELETE FROM node_history WHERE mac = ?",
             "DELETE FROM reimage_requests WHERE mac = ?",
+            "DELETE FROM power_actions WHERE mac = ?",
             "DELETE FROM nodes WHERE mac = ?",
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;

@@ -1,0 +1,95 @@
+//! SQL for nodes' BMCs and their power actions (`PowerStore`): each write with its event,
+//! in one write transaction.
+
+use async_trait::async_trait;
+
+use super::SqliteStore;
+use crate::api::Mac;
+use crate::api::event::{BmcSetData, PowerData, kind};
+use crate::api::node::Bmc;
+use crate::clock::now_ms;
+use crate::store::{NodeRecord, PendingReimage, PowerRow, PowerStore, StoreError, rows};
+
+#[async_trait]
+impl PowerStore for SqliteStore {
+    async fn set_bmc(
+        &self,
+        mac: &Mac,
+        bmc: Option<&Bmc>,
+    ) -> Result<Option<NodeRecord>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let done = sqlx::query(
+            "UPDATE nodes SET bmc = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?",
+        )
+        .bind(bmc.map(|b| serde_json::to_string(b).expect("a BMC serialises")))
+        .bind(now)
+        .bind(mac.to_string())
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let data = BmcSetData { bmc: bmc.cloned() };
+        super::events::insert_event(&mut tx, kind::BMC_SET, Some(mac), &data, now).await?;
+        tx.commit().await?;
+        self.notify_events();
+        self.node_after_write(mac).await
+    }
+    async fn record_power(&self, mac: &Mac, row: &PowerRow) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(
+            "INSERT INTO power_actions (mac, at_ms, action, reason, outcome, took_ms) VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(mac.to_string())
+        .bind(row.at_ms)
+        .bind(&row.action)
+        .bind(&row.reason)
+        .bind(&row.outcome)
+        .bind(row.took_ms)
+        .execute(&mut *tx)
+        .await?;
+        let data = PowerData {
+            action: row.action.clone(),
+            reason: row.reason.clone(),
+            outcome: row.outcome.clone(),
+            took_ms: row.took_ms,
+        };
+        super::events::insert_event(&mut tx, kind::POWER, Some(mac), &data, row.at_ms).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(())
+    }
+    async fn power_actions(&self, mac: &Mac, limit: i64) -> Result<Vec<PowerRow>, StoreError> {
+        let found: Vec<rows::PowerRowTuple> = sqlx::query_as(
+            "SELECT at_ms, action, reason, outcome, took_ms FROM power_actions WHERE mac = ? ORDER BY id DESC LIMIT ?",
+        )
+        .bind(mac.to_string())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(found.into_iter().map(rows::power_row).collect())
+    }
+    async fn pending_reimages(&self) -> Result<Vec<PendingReimage>, StoreError> {
+        let found: Vec<(String, i64, Option<String>, String)> = sqlx::query_as(
+            "SELECT n.mac, h.at_ms, h.from_state, n.state FROM nodes n JOIN node_history h ON h.mac = n.mac
+             WHERE n.state IN ('reimaging', 'unreachable') AND h.to_state = 'reimaging'
+               AND h.id = (SELECT MAX(x.id) FROM node_history x WHERE x.mac = n.mac AND x.to_state = 'reimaging')
+               AND NOT EXISTS (SELECT 1 FROM node_history p WHERE p.mac = n.mac AND p.to_state = 'provisioning' AND p.id > h.id)
+             ORDER BY n.mac",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        found
+            .into_iter()
+            .map(|(m, since_ms, from, state)| {
+                Ok(PendingReimage {
+                    mac: rows::mac(&m)?,
+                    since_ms,
+                    from: from.as_deref().map(rows::state).transpose()?,
+                    state: rows::state(&state)?,
+                })
+            })
+            .collect()
+    }
+}
