@@ -63,9 +63,11 @@ pub enum NodeCommand {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Import an inventory: a CSV file with a header row naming mac, and image and labels
-    /// (k=v separated by spaces or ';'). The whole file is checked first; then each node
-    /// is assigned its image and given its labels, one result a node.
+    /// Import an inventory: a CSV file with a header row naming mac, and image, labels
+    /// (k=v separated by spaces or ';'), bmc (https://... for Redfish or
+    /// ipmi://HOST[:PORT]) with bmc_credential, bmc_ca, bmc_fingerprint, bmc_insecure
+    /// (yes/no). The whole file is checked first; then each node is given its BMC,
+    /// assigned its image and given its labels, one result a node.
     Import {
         /// The CSV file.
         file: std::path::PathBuf,
@@ -361,7 +363,7 @@ fn print_detail(d: &NodeDetail) {
         }
     }
     if !d.preboot.is_empty() {
-        println!("since the last boot script (DHCP, TFTP):");
+        println!("since the last boot script (BMC, DHCP, TFTP):");
         print_steps(&d.preboot);
     }
     println!("boots (newest first):");

@@ -256,6 +256,10 @@ fn redfish_status_cycle_and_one_time_network_boot_read_back() {
     assert_eq!(power[0]["action"], "cycle");
     assert_eq!(power[0]["outcome"], "ok");
     assert_eq!(power[0]["reason"], "hung kernel");
+    // The cycle opens the node's next boot: shown until a script is served.
+    let pending = show["preboot"].as_array().unwrap();
+    assert_eq!(pending[0]["step"], "power cycle (bmc)", "{show}");
+    assert_eq!(pending[0]["outcome"], "ok", "{show}");
     let history = show["history"].as_array().unwrap();
     assert!(
         history.iter().any(|h| h["reason"]
@@ -510,25 +514,26 @@ fn the_budget_holds_for_power_actions_over_a_selector() {
     let (data, config) = data_dir("[reimage]\nmax_total = 4\nmax_per_group = 4\n");
     let server = ServerProcess::spawn_configured(data.path(), Some(&config));
     let d = data.path();
-    // Twenty nodes, their BMCs spread over the emulator's systems 2..8.
+    // Twenty nodes, their BMCs spread over the emulator's systems 2..8, registered by an
+    // inventory file with BMC columns (one IPMI row only checks the column's form).
+    let mut csv = String::from("mac,labels,bmc,bmc_credential,bmc_fingerprint\n");
     for n in 0..20 {
         let url = sushy.url(2 + n % 6);
-        node_with_bmc(
-            &server,
-            d,
-            0x40 + n,
-            &[
-                "--redfish",
-                &url,
-                "--credential",
-                "good",
-                "--fingerprint",
-                &sushy.fingerprint,
-            ],
+        csv += &format!(
+            "{},batch=b1 rack=r{},{url},good,{}\n",
+            mac(0x40 + n),
+            n / 4,
+            sushy.fingerprint
         );
-        let (ok, _, err) = cli(&server, d, &["node", "label", &mac(0x40 + n), "batch=b1"]);
-        assert!(ok, "{err}");
     }
+    csv += &format!("{},,ipmi://127.0.0.1:1623,good,\n", mac(0x60));
+    let file = d.join("rack.csv");
+    std::fs::write(&file, csv).unwrap();
+    let (ok, _, err) = cli(&server, d, &["node", "import", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let ipmi = cli_json(&server, d, &["node", "show", &mac(0x60)]);
+    assert_eq!(ipmi["bmc"]["protocol"], "ipmi", "{ipmi}");
+    assert_eq!(ipmi["bmc"]["address"], "127.0.0.1:1623", "{ipmi}");
     let (ok, stdout, _) = cli(
         &server,
         d,

@@ -133,9 +133,9 @@ pub struct NodeDetail {
     pub history: Vec<StateChange>,
     /// The last boots as timelines, newest first.
     pub boots: Vec<Timeline>,
-    /// What this server's DHCP and TFTP saw of the node since its last boot script (a
-    /// node stuck before its script shows how far it got); these open its next boot's
-    /// timeline.
+    /// Power actions through the node's BMC, and what this server's DHCP and TFTP saw of
+    /// the node, since its last boot script (a node stuck before its script shows how
+    /// far it got); these open its next boot's timeline.
     #[serde(default)]
     pub preboot: Vec<Step>,
     /// The last power actions through the node's BMC, newest first.

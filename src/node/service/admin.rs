@@ -90,11 +90,12 @@ impl NodeService {
             .node(mac)
             .await?
             .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))?;
+        let (boots, preboot) = self.timelines(mac, TIMELINES_SHOWN).await?;
         Ok(NodeDetail {
             node: node.into(),
             history: store.node_history(mac).await?,
-            boots: self.timelines(mac, TIMELINES_SHOWN).await?,
-            preboot: self.preboot_steps(mac),
+            boots,
+            preboot,
             power: store
                 .power_actions(mac, POWER_SHOWN)
                 .await?

@@ -1,5 +1,5 @@
-//! A boot as a timeline: DHCP answers and TFTP transfers before the script (`preboot`),
-//! script served, kernel and initrds downloaded, attested, validated, ready; with the time
+//! A boot as a timeline: the power actions through the BMC that led to it, DHCP answers
+//! and TFTP transfers before the script (`preboot`), script served, kernel and initrds downloaded, attested, validated, ready; with the time
 //! each step took and where the boot stopped. Built purely from what the store recorded;
 //! the service method reads it.
 
@@ -11,18 +11,58 @@ use crate::api::node::{Step, Timeline};
 use crate::clock::format_ms;
 use crate::node::attest::Received;
 use crate::node::preboot::PrebootStep;
-use crate::store::BootFacts;
+use crate::store::{BootFacts, PowerRow};
 
-/// The timeline of `boot`, whose image has `artifacts`.
-pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
+/// A power action as a step, at the time it finished.
+fn power_step(r: &PowerRow) -> PrebootStep {
+    PrebootStep {
+        step: format!("power {} (bmc)", r.action),
+        at_ms: r.at_ms + r.took_ms,
+        outcome: r.outcome.clone(),
+    }
+}
+
+/// Which power actions led to which boot: `boots` newest first (their creation times),
+/// `rows` newest first. A boot gets the actions after the boot before it (or at most
+/// `PREBOOT_WINDOW_MS` before it, for the oldest shown) and before its script; the first
+/// list holds those after the newest boot, which lead to the next one. Pure.
+pub fn power_by_boot(
+    boots: &[i64],
+    rows: &[PowerRow],
+) -> (Vec<PrebootStep>, Vec<Vec<PrebootStep>>) {
+    let window = crate::node::preboot::PREBOOT_WINDOW_MS;
+    let pick = |after: i64, before: i64| -> Vec<PrebootStep> {
+        let mut steps: Vec<PrebootStep> = rows
+            .iter()
+            .filter(|r| r.at_ms > after && r.at_ms <= before)
+            .map(power_step)
+            .collect();
+        steps.reverse();
+        steps
+    };
+    let pending = pick(boots.first().copied().unwrap_or(i64::MIN), i64::MAX);
+    let each = boots
+        .iter()
+        .enumerate()
+        .map(|(i, &at)| pick(boots.get(i + 1).copied().unwrap_or(at - window), at))
+        .collect();
+    (pending, each)
+}
+
+/// The timeline of `boot`, whose image has `artifacts`, after the power actions `power`
+/// (oldest first).
+pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) -> Timeline {
     let mut steps = Vec::new();
     let mut stopped_at = None;
     // Written by the node service; a row it cannot read is shown without them.
-    let preboot: Vec<PrebootStep> = boot
-        .preboot
-        .clone()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
+    let mut preboot: Vec<PrebootStep> = power.to_vec();
+    preboot.extend(
+        boot.preboot
+            .clone()
+            .and_then(|v| serde_json::from_value::<Vec<PrebootStep>>(v).ok())
+            .unwrap_or_default(),
+    );
+    preboot.sort_by_key(|s| s.at_ms);
     let mut last = preboot
         .first()
         .map_or(boot.created_at_ms, |s| s.at_ms.min(boot.created_at_ms));
@@ -111,10 +151,17 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact]) -> Timeline {
     }
 }
 
+/// Power actions read to place in timelines: enough for the boots shown and the fallback's
+/// retries between them.
+const POWER_READ: i64 = 50;
+
 impl NodeService {
-    /// What DHCP and TFTP saw of `mac` since its last script, as steps.
-    pub fn preboot_steps(&self, mac: &Mac) -> Vec<Step> {
-        let steps = self.preboot.peek(mac, crate::clock::now_ms());
+    /// What DHCP and TFTP saw of `mac` since its last script, after the power actions
+    /// `power` that came since, as steps.
+    fn preboot_steps(&self, mac: &Mac, power: Vec<PrebootStep>) -> Vec<Step> {
+        let mut steps = power;
+        steps.extend(self.preboot.peek(mac, crate::clock::now_ms()));
+        steps.sort_by_key(|s| s.at_ms);
         let mut last = steps.first().map_or(0, |s| s.at_ms);
         steps
             .into_iter()
@@ -131,18 +178,26 @@ impl NodeService {
             .collect()
     }
 
-    /// The node's last `limit` boots as timelines, newest first.
-    pub async fn timelines(&self, mac: &Mac, limit: i64) -> Result<Vec<Timeline>, BootError> {
+    /// The node's last `limit` boots as timelines, newest first, and what happened since
+    /// the newest (power actions, DHCP, TFTP), as steps.
+    pub async fn timelines(
+        &self,
+        mac: &Mac,
+        limit: i64,
+    ) -> Result<(Vec<Timeline>, Vec<Step>), BootError> {
         let boots = self.store.boot_facts(mac, limit).await?;
+        let rows = self.store.power_actions(mac, POWER_READ).await?;
+        let created: Vec<i64> = boots.iter().map(|b| b.created_at_ms).collect();
+        let (pending, power) = power_by_boot(&created, &rows);
         let mut out = Vec::with_capacity(boots.len());
-        for boot in &boots {
+        for (boot, power) in boots.iter().zip(&power) {
             let artifacts = match self.image(&boot.image).await? {
                 Some(image) => image.record.artifacts.clone(),
                 None => Vec::new(),
             };
-            out.push(build(boot, &artifacts));
+            out.push(build(boot, &artifacts, power));
         }
-        Ok(out)
+        Ok((out, self.preboot_steps(mac, pending)))
     }
 }
 
@@ -218,7 +273,7 @@ mod tests {
         b.verdict = Some(serde_json::json!({ "passed": true }));
         b.validated_at_ms = Some(9000);
         b.validation = Some(serde_json::json!({ "passed": true }));
-        let t = build(&b, &artifacts());
+        let t = build(&b, &artifacts(), &[]);
         assert_eq!(
             names(&t),
             [
@@ -249,7 +304,7 @@ mod tests {
             ])
             .unwrap(),
         );
-        let t = build(&b, &artifacts());
+        let t = build(&b, &artifacts(), &[]);
         assert_eq!(
             names(&t)[..5],
             [
@@ -263,13 +318,69 @@ mod tests {
     }
 
     #[test]
+    fn power_actions_open_the_boot_they_led_to() {
+        let row = |at_ms: i64, action: &str, outcome: &str| PowerRow {
+            at_ms,
+            action: action.into(),
+            reason: "r".into(),
+            outcome: outcome.into(),
+            took_ms: 40,
+        };
+        // Newest first, as the store lists them: a cycle after the newest boot (3000),
+        // a failed and a good cycle before it, one before the older boot (1000).
+        let rows = [
+            row(3500, "cycle", "ok"),
+            row(2600, "cycle", "ok"),
+            row(2000, "cycle", "BMC unreachable: refused"),
+            row(900, "off", "ok"),
+        ];
+        let (pending, each) = power_by_boot(&[3000, 1000], &rows);
+        let steps = |v: &[PrebootStep]| -> Vec<(String, i64, String)> {
+            v.iter()
+                .map(|s| (s.step.clone(), s.at_ms, s.outcome.clone()))
+                .collect()
+        };
+        assert_eq!(
+            steps(&pending),
+            [("power cycle (bmc)".into(), 3540, "ok".into())]
+        );
+        assert_eq!(
+            steps(&each[0]),
+            [
+                (
+                    "power cycle (bmc)".into(),
+                    2040,
+                    "BMC unreachable: refused".into()
+                ),
+                ("power cycle (bmc)".into(), 2640, "ok".into()),
+            ]
+        );
+        assert_eq!(
+            steps(&each[1]),
+            [("power off (bmc)".into(), 940, "ok".into())]
+        );
+
+        let mut b = boot();
+        b.created_at_ms = 3000;
+        let t = build(&b, &artifacts(), &each[0]);
+        assert_eq!(
+            names(&t)[..3],
+            [
+                ("power cycle (bmc)", 0, "BMC unreachable: refused"),
+                ("power cycle (bmc)", 600, "ok"),
+                ("script", 360, "ok"),
+            ]
+        );
+    }
+
+    #[test]
     fn the_timeline_says_where_a_boot_stopped() {
         let mut b = boot();
         b.fetches = vec![
             fetch(b"k", 1100, Some(1300), 100, true),
             fetch(b"i", 1300, None, 20, true),
         ];
-        let t = build(&b, &artifacts());
+        let t = build(&b, &artifacts(), &[]);
         assert_eq!(t.stopped_at.as_deref(), Some("initrd initrd.img"));
         assert_eq!(t.steps[2].outcome, "20 of 50 bytes");
 
@@ -280,7 +391,7 @@ mod tests {
         ];
         b.attested_at_ms = Some(5000);
         b.verdict = Some(serde_json::json!({ "passed": false }));
-        let t = build(&b, &artifacts());
+        let t = build(&b, &artifacts(), &[]);
         assert_eq!(t.stopped_at.as_deref(), Some("attested"));
         assert_eq!(t.steps.last().unwrap().outcome, "failed");
     }
