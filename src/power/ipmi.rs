@@ -16,6 +16,9 @@ use super::{Driver, Op, PowerError};
 use crate::api::Mac;
 use crate::api::power::{BmcInventory, PowerState};
 
+/// The RMCP+ cipher suite asked for (see `Ipmi::run`).
+const CIPHER_SUITE: &str = "3";
+
 pub struct Ipmi {
     host: String,
     port: u16,
@@ -43,13 +46,26 @@ impl Ipmi {
         let per_try = (self.timeout.as_secs() / 2).max(1).to_string();
         let port = self.port.to_string();
         let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(["-I", "lanplus", "-H", &self.host, "-p", &port, "-U"])
-            .arg(&self.creds.username)
-            .args(["-E", "-N", &per_try, "-R", "1"])
-            .args(args)
-            .env("IPMI_PASSWORD", &self.creds.password)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
+        // Cipher suite 3 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128), MAAS's default and
+        // the one BMCs most widely ship: without -C, ipmitool first asks Get Channel
+        // Cipher Suites, which some BMCs (and ipmi_sim) never answer, and stalls 10 s.
+        cmd.args([
+            "-I",
+            "lanplus",
+            "-C",
+            CIPHER_SUITE,
+            "-H",
+            &self.host,
+            "-p",
+            &port,
+            "-U",
+        ])
+        .arg(&self.creds.username)
+        .args(["-E", "-N", &per_try, "-R", "1"])
+        .args(args)
+        .env("IPMI_PASSWORD", &self.creds.password)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
             Err(_) => return Err(PowerError::Timeout(self.timeout)),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
