@@ -8,6 +8,8 @@
 # Usage: images/demo/build.sh OUT_DIR [VERSION=1] [AGENT=target/release/bootfleet-agent]
 # With LATE_MODULE=<name> (a module of the kernel, e.g. dummy), /init loads it 20 s after
 # the agent starts: a node that drifts from what it attested, for the drift test.
+# With HANG_AFTER=<secs>, /init stops the agent (SIGSTOP) that long after it starts: the
+# kernel stays up but no heartbeat or reboot comes, a hung node for the BMC test.
 # Writes OUT_DIR/{manifest.toml,vmlinuz,initrd.img}; publish with
 #   bootfleet image publish OUT_DIR --tag demo:stable
 # Needs: apt-get (to download the pinned kernel package), dpkg-deb, busybox-static, cpio,
@@ -68,6 +70,10 @@ for lib in $(ldd "$agent" | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); 
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
+hang=""
+if [ -n "${HANG_AFTER:-}" ]; then
+  hang="(sleep $HANG_AFTER; kill -STOP \$(pidof bootfleet-agent) && echo 'bootfleet demo: agent stopped (hung node)') &"
+fi
 late=""
 if [ -n "${LATE_MODULE:-}" ]; then
   cp "$(find "$mods" -name "$LATE_MODULE.ko")" "$root/lib/modules/late-$LATE_MODULE.ko"
@@ -94,6 +100,7 @@ ip link set eth0 up
 udhcpc -i eth0 -s /etc/udhcpc.script -q -t 20 -T 1 || echo "no DHCP lease"
 echo "bootfleet demo image $version: starting bootfleet-agent"
 $late
+$hang
 /bin/bootfleet-agent --heartbeat-secs 5
 echo "bootfleet-agent exited (\$?); powering off in 5 s"
 sleep 5

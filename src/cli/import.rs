@@ -81,6 +81,7 @@ fn bmc_of(
         ca: ca.map(str::to_string),
         fingerprint: fingerprint.map(str::to_string),
         insecure,
+        quirks: Vec::new(),
     }))
 }
 

@@ -73,6 +73,11 @@ pub enum BmcCommand {
         /// Redfish: accept any certificate (logged at every use).
         #[arg(long, requires = "redfish")]
         insecure: bool,
+        /// A known departure of this BMC from its protocol, worked around (repeatable):
+        /// boot-valid-unreported (IPMI: boot flags read back with the valid bit clear,
+        /// as OpenIPMI's ipmi_sim does; the read-back then checks the device only).
+        #[arg(long = "quirk", value_name = "QUIRK")]
+        quirks: Vec<crate::api::power::BmcQuirk>,
     },
     /// Forget NODE's BMC.
     Clear {
@@ -91,6 +96,7 @@ pub async fn bmc(cmd: BmcCommand, client: &Client, out: OutputFormat) -> anyhow:
             ca,
             fingerprint,
             insecure,
+            quirks,
         } => {
             let (protocol, address) = match (redfish, ipmi) {
                 (Some(url), None) => (BmcProtocol::Redfish, url),
@@ -104,6 +110,7 @@ pub async fn bmc(cmd: BmcCommand, client: &Client, out: OutputFormat) -> anyhow:
                 ca,
                 fingerprint,
                 insecure,
+                quirks,
             };
             let mac: Mac = node.parse()?;
             let req = client

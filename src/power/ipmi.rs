@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::secrets::Credentials;
 use super::{Driver, Op, PowerError};
 use crate::api::Mac;
-use crate::api::power::{BmcInventory, PowerState};
+use crate::api::power::{BmcInventory, BmcQuirk, PowerState};
 
 /// The RMCP+ cipher suite asked for (see `Ipmi::run`).
 const CIPHER_SUITE: &str = "3";
@@ -26,6 +26,8 @@ pub struct Ipmi {
     timeout: Duration,
     /// The program to run (`ipmitool`; a test may point elsewhere).
     program: String,
+    /// See `BmcQuirk::BootValidUnreported`.
+    boot_valid_unreported: bool,
 }
 
 impl Ipmi {
@@ -37,13 +39,20 @@ impl Ipmi {
             creds,
             timeout,
             program: "ipmitool".into(),
+            boot_valid_unreported: false,
         })
+    }
+
+    pub fn with_quirks(mut self, quirks: &[BmcQuirk]) -> Self {
+        self.boot_valid_unreported = quirks.contains(&BmcQuirk::BootValidUnreported);
+        self
     }
 
     /// Runs `ipmitool ... args`; its standard output, or its error as text.
     async fn run(&self, args: &[&str]) -> Result<String, PowerError> {
-        // ipmitool's own retry: one try per timeout slice, so the whole call ends in time.
-        let per_try = (self.timeout.as_secs() / 2).max(1).to_string();
+        // ipmitool's own retry: -R 1 makes two tries of -N seconds each; a third of the
+        // timeout each leaves room to tell "no answer" (unreachable) from our timeout.
+        let per_try = (self.timeout.as_secs() / 3).max(1).to_string();
         let port = self.port.to_string();
         let mut cmd = tokio::process::Command::new(&self.program);
         // Cipher suite 3 (RAKP-HMAC-SHA1, HMAC-SHA1-96, AES-CBC-128), MAAS's default and
@@ -61,7 +70,9 @@ impl Ipmi {
             "-U",
         ])
         .arg(&self.creds.username)
-        .args(["-E", "-N", &per_try, "-R", "1"])
+        // -v: only then does ipmitool say why a session failed ("RAKP 2 HMAC is
+        // invalid" for a wrong password) rather than "Unable to establish" for every cause.
+        .args(["-E", "-v", "-N", &per_try, "-R", "1"])
         .args(args)
         .env("IPMI_PASSWORD", &self.creds.password)
         .stdin(std::process::Stdio::null())
@@ -111,18 +122,29 @@ pub fn split_host_port(address: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
+/// What `-v` adds to ipmitool's standard error that says nothing about a failure.
+const CHATTER: [&str; 4] = [
+    "Loading IANA PEN Registry",
+    "Running Get VSO Capabilities",
+    "Invalid completion code received: Invalid command",
+    "Discovered IPMB address",
+];
+
 /// ipmitool's error text as a `PowerError`.
 fn classify(stderr: &str) -> PowerError {
     let text = stderr
         .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
+        .map(|l| l.trim().trim_start_matches("> ").trim())
+        .filter(|l| !l.is_empty() && !CHATTER.iter().any(|c| l.starts_with(c)))
         .collect::<Vec<_>>()
         .join("; ");
     let lower = text.to_ascii_lowercase();
     if lower.contains("rakp") || lower.contains("unauthorized name") || lower.contains("password") {
         PowerError::Auth(text)
-    } else if lower.contains("unable to establish") || lower.contains("no response") {
+    } else if lower.contains("unable to establish")
+        || lower.contains("no response")
+        || lower.contains("get auth capabilities error")
+    {
         PowerError::Unreachable(text)
     } else {
         PowerError::Refused(text)
@@ -141,10 +163,11 @@ pub fn parse_power(stdout: &str) -> PowerState {
     }
 }
 
-/// Whether `chassis bootparam get 5` shows a network boot for the next boot.
-pub fn parse_boot_flags(stdout: &str) -> Result<String, String> {
+/// Whether `chassis bootparam get 5` shows a network boot for the next boot; with
+/// `valid_unreported` (the quirk) the device selector alone decides.
+pub fn parse_boot_flags(stdout: &str, valid_unreported: bool) -> Result<String, String> {
     let pxe = stdout.contains("Force PXE");
-    let valid = stdout.contains("Boot Flag Valid");
+    let valid = stdout.contains("Boot Flag Valid") || valid_unreported;
     let efi = stdout.contains("BIOS EFI boot");
     let once = stdout.contains("next boot");
     let seen = format!(
@@ -200,7 +223,7 @@ impl Driver for Ipmi {
         self.run(&["chassis", "bootdev", "pxe", "options=efiboot"])
             .await?;
         let flags = self.run(&["chassis", "bootparam", "get", "5"]).await?;
-        parse_boot_flags(&flags).map_err(|seen| {
+        parse_boot_flags(&flags, self.boot_valid_unreported).map_err(|seen| {
             PowerError::NotKept(format!(
                 "the BMC accepted a one-time network boot but reads back {seen}"
             ))
@@ -246,11 +269,20 @@ mod tests {
         assert_eq!(parse_power("Chassis Power is on\n"), PowerState::On);
         assert_eq!(parse_power("Chassis Power is off\n"), PowerState::Off);
         let flags = "Boot parameter version: 1\nBoot parameter 5 is valid/unlocked\nBoot parameter data: e004000000\n Boot Flags :\n   - Boot Flag Valid\n   - Options apply to only next boot\n   - BIOS EFI boot \n   - Boot Device Selector : Force PXE\n";
-        assert_eq!(parse_boot_flags(flags).unwrap(), "pxe efi once");
-        assert!(
-            parse_boot_flags("   - Boot Flag Invalid\n   - Boot Device Selector : No override\n")
+        assert_eq!(parse_boot_flags(flags, false).unwrap(), "pxe efi once");
+        for quirk in [false, true] {
+            assert!(
+                parse_boot_flags(
+                    "   - Boot Flag Invalid\n   - Boot Device Selector : No override\n",
+                    quirk
+                )
                 .is_err()
-        );
+            );
+        }
+        // What ipmi_sim reads back after `bootdev pxe options=efiboot`: the selector only.
+        let sim = "Boot parameter data: 0004000000\n Boot Flags :\n   - Boot Flag Invalid\n   - Options apply to only next boot\n   - BIOS PC Compatible (legacy) boot \n   - Boot Device Selector : Force PXE\n";
+        assert_eq!(parse_boot_flags(sim, false).unwrap_err(), "pxe once");
+        assert_eq!(parse_boot_flags(sim, true).unwrap(), "pxe once");
         let fru = "FRU Device Description : Builtin FRU Device (ID 0)\n Board Mfg             : Acme\n Product Manufacturer  : Acme GPU\n Product Name          : HGX-8\n Product Serial        : SN123\n";
         let inv = parse_fru(fru);
         assert_eq!(inv.manufacturer.as_deref(), Some("Acme GPU"));
@@ -260,9 +292,26 @@ mod tests {
             classify("Error: Unable to establish IPMI v2 / RMCP+ session\n"),
             PowerError::Unreachable(_)
         ));
+        // ipmitool -v's standard error, as ipmitool 1.8.19 writes it against ipmi_sim.
+        let wrong_password = "Loading IANA PEN Registry...\n> RAKP 2 HMAC is invalid\nError: Unable to establish IPMI v2 / RMCP+ session\n";
+        match classify(wrong_password) {
+            PowerError::Auth(text) => assert_eq!(
+                text,
+                "RAKP 2 HMAC is invalid; Error: Unable to establish IPMI v2 / RMCP+ session"
+            ),
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(
-            classify("> Error: no response from RAKP 1 message\nRAKP 2 HMAC is invalid"),
+            classify(
+                "Loading IANA PEN Registry...\nRAKP 2 message indicates an error : unauthorized name\n"
+            ),
             PowerError::Auth(_)
+        ));
+        assert!(matches!(
+            classify(
+                "Loading IANA PEN Registry...\nGet Auth Capabilities error\nError issuing Get Channel Authentication Capabilities request\nError: Unable to establish IPMI v2 / RMCP+ session\n"
+            ),
+            PowerError::Unreachable(_)
         ));
     }
 }

@@ -153,9 +153,10 @@ impl PowerService {
             .credentials(name)
             .map_err(|e| PowerError::Config(e.to_string()))?;
         Ok(match bmc.protocol {
-            BmcProtocol::Ipmi => {
-                Box::new(super::ipmi::Ipmi::new(&bmc.address, creds, self.timeout())?)
-            }
+            BmcProtocol::Ipmi => Box::new(
+                super::ipmi::Ipmi::new(&bmc.address, creds, self.timeout())?
+                    .with_quirks(&bmc.quirks),
+            ),
             BmcProtocol::Redfish => {
                 let trust = if bmc.insecure {
                     tracing::warn!(security = true, bmc = %bmc.address, "BMC marked insecure: its certificate is not checked");
@@ -441,6 +442,9 @@ pub fn check_settings(bmc: &Bmc) -> Result<(), String> {
             super::ipmi::split_host_port(&bmc.address)?;
         }
         BmcProtocol::Redfish => {
+            if let Some(q) = bmc.quirks.first() {
+                return Err(format!("quirk {} is for IPMI BMCs", q.as_str()));
+            }
             if let Some(fp) = &bmc.fingerprint {
                 super::tls::parse_fingerprint(fp)?;
             }
@@ -479,6 +483,7 @@ mod tests {
             ca: None,
             fingerprint: None,
             insecure: false,
+            quirks: Vec::new(),
         }
     }
 

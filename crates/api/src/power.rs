@@ -50,6 +50,44 @@ pub struct Bmc {
     /// Redfish: accept any certificate (or plain `http://`). Logged at every use.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure: bool,
+    /// Ways this BMC departs from its protocol that the driver must work around.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quirks: Vec<BmcQuirk>,
+}
+
+/// A known departure of a BMC from its protocol, set per BMC by the operator: a driver
+/// never guesses one, because a wrong guess hides a real failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BmcQuirk {
+    /// IPMI: the BMC applies a one-time boot device but reads the boot flags back with
+    /// their "valid" bit clear, so the read-back after `bootdev` can only check the device
+    /// selector. OpenIPMI's `ipmi_sim` with a `chassis_control` program does this: it keeps
+    /// the selector and drops the rest of the flags byte.
+    BootValidUnreported,
+}
+
+impl BmcQuirk {
+    pub const ALL: [BmcQuirk; 1] = [BmcQuirk::BootValidUnreported];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcQuirk::BootValidUnreported => "boot-valid-unreported",
+        }
+    }
+}
+
+impl std::str::FromStr for BmcQuirk {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|q| q.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|q| q.as_str()).collect();
+                format!("unknown BMC quirk {s:?} (known: {})", known.join(", "))
+            })
+    }
 }
 
 impl fmt::Display for Bmc {
