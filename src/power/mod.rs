@@ -1,6 +1,6 @@
 //! Power control through nodes' BMCs: drivers behind one small trait (`Driver`: power
 //! state, on, off, graceful off, cycle, a one-time network boot read back, inventory),
-//! Redfish over HTTPS (`redfish`) and IPMI through Debian's `ipmitool` (`ipmi`), the
+//! Redfish over HTTPS (`redfish`) and IPMI 2.0 over RMCP+ (`ipmi`), the
 //! credentials they use (`secrets`, never logged or returned), the service that runs an
 //! action for a node within its rate limits and records it (`service`), and the loop that
 //! carries a reimage to nodes that do not answer (`fallback`).

@@ -77,14 +77,15 @@ async fn built(version: &'static str, env: &'static str) -> (tempfile::TempDir, 
 
 /// A segment and a bootfleet serving it: DHCP in `mode`, TFTP for the iPXE binaries.
 async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServer) {
-    lab_with(n, mode, Default::default()).await
+    lab_with(n, mode, Default::default(), |_| ()).await
 }
 
-/// As `lab`, with `[dhcp] chainload` set.
+/// As `lab`, with `[dhcp] chainload` set and `extra` settings.
 async fn lab_with(
     n: u32,
     mode: bootfleet::dhcp::decide::Mode,
     chainload: bootfleet::dhcp::chain::ChainPolicy,
+    extra: impl FnOnce(&mut bootfleet::config::ServerConfig),
 ) -> (Segment, TestServer) {
     let segment = Segment::new(n);
     let ip = format!("10.88.{n}.1");
@@ -108,6 +109,7 @@ async fn lab_with(
             chainload,
             ..Default::default()
         };
+        extra(cfg);
     })
     .await;
     (segment, server)
@@ -220,32 +222,40 @@ impl Segment {
         self.vm = Some(vm);
     }
 
-    /// Powers on a VM that network-boots (QEMU's iPXE ROM), serial console to `log`.
-    /// SeaBIOS copies the text screen to the serial port (its `etc/sercon-port`, a
-    /// little-endian port number), so the log shows the firmware and iPXE too.
-    fn power_on(&mut self, mac: &str, log: &Path) {
+    /// QEMU's arguments for a BIOS machine on the tap (QEMU's iPXE ROM), its serial
+    /// console appended to `log`, no boot order. SeaBIOS copies the text screen to the
+    /// serial port (its `etc/sercon-port`, a little-endian port number), so the log shows
+    /// the firmware and iPXE too.
+    fn bios_vm_args(&self, mac: &str, log: &Path) -> Vec<String> {
         let sercon = log.with_extension("sercon");
         std::fs::write(&sercon, 0x3f8u16.to_le_bytes()).unwrap();
+        [
+            "-machine",
+            "q35,accel=tcg",
+            "-m",
+            "512",
+            "-nographic",
+            "-monitor",
+            "none",
+            "-chardev",
+            &format!("file,id=serial0,path={},append=on", log.display()),
+            "-serial",
+            "chardev:serial0",
+            "-fw_cfg",
+            &format!("name=etc/sercon-port,file={}", sercon.display()),
+            "-netdev",
+            &format!("tap,id=n0,ifname={},script=no,downscript=no", self.tap),
+            "-device",
+            &format!("virtio-net-pci,netdev=n0,mac={mac}"),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// Powers on a VM that network-boots (QEMU's iPXE ROM), serial console to `log`.
+    fn power_on(&mut self, mac: &str, log: &Path) {
         let vm = Command::new("qemu-system-x86_64")
-            .args([
-                "-machine",
-                "q35,accel=tcg",
-                "-m",
-                "512",
-                "-nographic",
-                "-monitor",
-                "none",
-            ])
-            .args(["-serial", &format!("file:{}", log.display())])
-            .args([
-                "-fw_cfg",
-                &format!("name=etc/sercon-port,file={}", sercon.display()),
-            ])
-            .args([
-                "-netdev",
-                &format!("tap,id=n0,ifname={},script=no,downscript=no", self.tap),
-            ])
-            .args(["-device", &format!("virtio-net-pci,netdev=n0,mac={mac}")])
+            .args(self.bios_vm_args(mac, log))
             .args(["-boot", "n"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -463,6 +473,7 @@ async fn a_bios_vm_chainloads_undionly_over_tftp_then_boots_to_ready() {
         n,
         bootfleet::dhcp::decide::Mode::Authoritative,
         bootfleet::dhcp::chain::ChainPolicy::Always,
+        |_| (),
     )
     .await;
     let mac = format!("52:54:00:e2:{n:02x}:04");
@@ -618,5 +629,183 @@ async fn a_node_that_changes_after_attesting_is_drifted_with_the_difference() {
         history.iter().any(|h| h["to"] == "ready"),
         "it was ready before it drifted"
     );
+    server.stop().await;
+}
+
+/// The chassis of a QEMU machine on the segment's tap, for `ipmi_sim` (see tests/it/ipmi.rs):
+/// power 1 starts the machine, power 0 kills it, and the boot device set through IPMI
+/// holds for the next power-on only, as on a real BMC. Without a network boot set, the
+/// machine boots its (absent) disk and stays in its firmware.
+fn qemu_chassis(qemu_args: &[String]) -> String {
+    let args: Vec<String> = qemu_args.iter().map(|a| format!("'{a}'")).collect();
+    format!(
+        r#"#!/bin/sh
+D=$(dirname "$0"); op=$1; shift
+alive() {{ pid=$(cat "$D/qemu.pid" 2>/dev/null) && grep -qs '^State:[[:space:]]*[^Z]' /proc/$pid/status; }}
+if [ "$op" = get ]; then
+  for what; do case $what in
+    power) if alive; then echo power:1; else echo power:0; fi ;;
+    boot) echo "boot:$(cat "$D/boot" 2>/dev/null || echo none)" ;;
+  esac; done
+  exit 0
+fi
+while [ $# -gt 1 ]; do
+  echo "$1 $2" >> "$D/chassis.log"
+  case $1 in
+    boot) echo "$2" > "$D/boot" ;;
+    power) if [ "$2" = 1 ]; then
+        if ! alive; then
+          order=c; [ "$(cat "$D/boot" 2>/dev/null)" = pxe ] && order=n; rm -f "$D/boot"
+          echo "started boot order=$order" >> "$D/chassis.log"
+          setsid sh -c 'echo $$ > "$0/qemu.pid"; exec "$@"' "$D" qemu-system-x86_64 {} -boot order=$order </dev/null >/dev/null 2>&1 &
+        fi
+      elif alive; then
+        kill "$pid"; i=0
+        while alive && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done
+        kill -9 "$pid" 2>/dev/null
+      fi ;;
+  esac
+  shift 2
+done
+"#,
+        args.join(" ")
+    )
+}
+
+/// (g) A hung node: the kernel is up but the agent is stopped, so no heartbeat comes and
+/// no reboot is asked for. `reimage` then reaches it through its BMC (OpenIPMI's ipmi_sim
+/// owning the QEMU machine): a one-time network boot, a power cycle, and the machine boots
+/// the new digest to ready. The first power-on goes through the BMC as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_node_is_power_cycled_through_its_bmc_into_the_new_image() {
+    require();
+    let n = segment_number(5);
+    let ((_d1, v1_dir), (_d2, v2_dir)) = (built("1", "HANG_AFTER=10").await, built("2", "").await);
+    let (segment, server) = lab_with(
+        n,
+        bootfleet::dhcp::decide::Mode::Authoritative,
+        Default::default(),
+        |cfg| cfg.budget.agent_grace_secs = 5,
+    )
+    .await;
+    let mac = format!("52:54:00:e2:{n:02x}:05");
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("serial.log");
+    let sim = crate::ipmi::IpmiSim::start(&qemu_chassis(&segment.bios_vm_args(&mac, &log)));
+    crate::ipmi::write_credentials(server.data.path(), &[("bmc", crate::ipmi::PASSWORD)]);
+    let r = server
+        .put(&format!("/api/v1/nodes/{mac}/bmc"))
+        .json(&json!({
+            "protocol": "ipmi",
+            "address": sim.address(),
+            "credential": "bmc",
+            "quirks": ["boot-valid-unreported"],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let v1 = publish_and_assign(&server, &v1_dir, &mac).await;
+    let power = |action: &'static str, reason: &'static str| {
+        server
+            .post(&format!("/api/v1/nodes/{mac}/power"))
+            .json(&json!({ "action": action, "reason": reason }))
+            .send()
+    };
+    let r = power("on", "first boot").await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let node = wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(300),
+        "first boot to ready, powered on through the BMC",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    assert_eq!(node["boots"][0]["image"], v1["digest"]);
+    let steps = strings(&node["boots"][0]["steps"], "step");
+    assert_eq!(steps[0], "power on (bmc)", "{node}");
+
+    // The agent stops: a hung node.
+    let hung = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("agent stopped (hung node)")
+    {
+        assert!(
+            hung.elapsed() < Duration::from_secs(120),
+            "the agent never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, v2) = server
+        .publish_query(bundle(&v2_dir), "?tag=demo:stable")
+        .await;
+    assert_eq!(status, 201, "{v2}");
+    let r = server
+        .post(&format!("/api/v1/nodes/{mac}/reimage"))
+        .json(&json!({ "reason": "roll out demo:2 to a hung node" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let v2_digest = v2["digest"].clone();
+    let node = wait_for(
+        &server,
+        &mac,
+        &log,
+        Duration::from_secs(300),
+        "power cycle through the BMC to ready on demo:2",
+        |n| n["state"] == "ready" && n["boots"][0]["image"] == v2_digest,
+    )
+    .await;
+    // The new boot opens with the power cycle; the record names the fallback's reason.
+    let steps = strings(&node["boots"][0]["steps"], "step");
+    assert_eq!(steps[0], "power cycle (bmc)", "{node}");
+    let cycle = node["power"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["action"] == "cycle")
+        .unwrap_or_else(|| panic!("no cycle recorded: {node}"));
+    assert_eq!(cycle["outcome"], "ok", "{node}");
+    assert!(
+        cycle["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("reimage fallback"),
+        "{node}"
+    );
+    let history = node["history"].as_array().unwrap();
+    let reimage = history.iter().find(|h| h["to"] == "reimaging").unwrap();
+    assert!(
+        reimage["reason"]
+            .as_str()
+            .unwrap()
+            .contains("roll out demo:2 to a hung node"),
+        "{node}"
+    );
+    // What the BMC was told: network boot and on; then network boot, off, on.
+    let chassis = std::fs::read_to_string(sim.dir.path().join("chassis.log")).unwrap();
+    let told: Vec<&str> = chassis.lines().collect();
+    assert_eq!(
+        told,
+        [
+            "boot pxe",
+            "power 1",
+            "started boot order=n",
+            "boot pxe",
+            "power 0",
+            "power 1",
+            "started boot order=n"
+        ],
+        "{chassis}"
+    );
+    eprintln!(
+        "e2e: hung node, reimage to ready on demo:2 through an IPMI power cycle {:?}",
+        hung.elapsed()
+    );
+    drop(sim);
     server.stop().await;
 }

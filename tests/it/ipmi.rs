@@ -175,6 +175,10 @@ impl Drop for IpmiSim {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A machine the chassis program started (e2e.rs) goes with its BMC.
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("qemu.pid")) {
+            let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        }
     }
 }
 
@@ -226,6 +230,22 @@ fn ipmi_status_on_off_cycle_and_one_time_network_boot_against_ipmi_sim() {
 
     let status = cli_json(&server, d, &["node", "power", "status", MAC]);
     assert_eq!(status[0]["answer"]["state"], "off", "{status}");
+    // The system GUID, as `ipmitool mc guid` reads it from the same BMC.
+    let (ok, guid) = sim.ipmitool(&["mc", "guid"]);
+    assert!(
+        ok && guid.contains("efcdab89-6745-23a1-efcd-ab89674523a1"),
+        "{guid}"
+    );
+    assert_eq!(
+        status[0]["answer"]["inventory"]["uuid"], "efcdab89-6745-23a1-efcd-ab89674523a1",
+        "{status}"
+    );
+    // Every call closes its session: ipmi_sim holds 63 at once (the 64th open is refused,
+    // measured), and 70 calls go through.
+    for _ in 0..70 {
+        let again = cli_json(&server, d, &["node", "power", "status", MAC]);
+        assert_eq!(again[0]["answer"]["state"], "off", "{again}");
+    }
     assert_eq!(
         status[0]["answer"]["bmc"],
         format!("ipmi {addr}"),
