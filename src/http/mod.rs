@@ -16,7 +16,7 @@ pub mod serve;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::{get, patch, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router, middleware};
 use tokio_util::task::TaskTracker;
 
@@ -133,6 +133,9 @@ fn admin_api(state: &AppState) -> Router<AppState> {
             put(power::set_bmc).delete(power::clear_bmc),
         )
         .route("/nodes/{mac}/power", get(power::status).post(power::act))
+        .route("/bmcs", get(power::registrations).post(power::register))
+        .route("/bmcs/{id}", delete(power::unregister))
+        .route("/bmcs/{id}/power", post(power::act_registered))
         .route("/events", get(events::list))
         .route("/events/stream", get(events::stream))
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))

@@ -7,7 +7,9 @@ use axum::extract::{Path, State};
 use super::AppState;
 use super::error::ApiError;
 use crate::api::node::{Bmc, Node};
-use crate::api::power::{PowerDone, PowerRequest, PowerStatus};
+use crate::api::power::{
+    BmcRegistration, PowerDone, PowerRequest, PowerStatus, RegisteredPowerDone,
+};
 use crate::node::reimage::ReimageError;
 use crate::power::service::ActionError;
 
@@ -20,6 +22,7 @@ fn mapped(e: ActionError) -> ApiError {
     match e {
         ActionError::BadRequest(m) => ApiError::BadRequest(m),
         e @ ActionError::UnknownNode(_) => ApiError::NotFound(e.to_string()),
+        e @ ActionError::UnknownRegistration(_) => ApiError::NotFound(e.to_string()),
         e @ ActionError::NoBmc(_) => ApiError::Conflict(e.to_string()),
         ActionError::Bmc(e) => ApiError::BadGateway(e.to_string()),
         ActionError::Reimage(e @ ReimageError::OverBudget(_)) => ApiError::TooMany(e.to_string()),
@@ -78,6 +81,45 @@ pub async fn act(
     state
         .power
         .act(&mac, req.action, &req.reason, req.netboot)
+        .await
+        .map(Json)
+        .map_err(mapped)
+}
+
+/// `POST /api/v1/bmcs`: a machine known only by its BMC.
+pub async fn register(
+    State(state): State<AppState>,
+    Json(bmc): Json<Bmc>,
+) -> Result<(axum::http::StatusCode, Json<BmcRegistration>), ApiError> {
+    let r = state.power.register(&bmc).await.map_err(mapped)?;
+    Ok((axum::http::StatusCode::CREATED, Json(r)))
+}
+
+/// `GET /api/v1/bmcs`: the machines registered by their BMC and not matched yet.
+pub async fn registrations(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<BmcRegistration>>, ApiError> {
+    state.power.registrations().await.map(Json).map_err(mapped)
+}
+
+/// `DELETE /api/v1/bmcs/{id}`: answers `{"removed": id}`.
+pub async fn unregister(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.power.unregister(id).await.map_err(mapped)?;
+    Ok(Json(serde_json::json!({ "removed": id })))
+}
+
+/// `POST /api/v1/bmcs/{id}/power`.
+pub async fn act_registered(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    Json(req): Json<PowerRequest>,
+) -> Result<Json<RegisteredPowerDone>, ApiError> {
+    state
+        .power
+        .act_registered(id, req.action, &req.reason)
         .await
         .map(Json)
         .map_err(mapped)

@@ -149,6 +149,16 @@ impl NodeController {
         };
         if new {
             tracing::info!(%mac, reason, "node discovered");
+            // A machine registered by its BMC alone becomes this node when it first boots.
+            if let Some(id) = self
+                .store
+                .match_bmc_registration(mac, meaningful_uuid(uuid).as_deref())
+                .await?
+            {
+                tracing::info!(%mac, registration = id, "node matched to the BMC it was registered by");
+                let node = self.store.node(mac).await?.unwrap_or(node);
+                return Ok(Some((node, new)));
+            }
         }
         Ok(Some((node, new)))
     }
@@ -167,4 +177,11 @@ impl NodeController {
         }
         Ok(outcome)
     }
+}
+
+/// A firmware's UUID, lower case, unless it is all zeros (QEMU without `-uuid`, and
+/// firmware that has none): such a UUID names no machine.
+pub fn meaningful_uuid(uuid: Option<&str>) -> Option<String> {
+    let u = uuid?.trim().to_ascii_lowercase();
+    (!u.is_empty() && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')).then_some(u)
 }

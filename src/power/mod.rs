@@ -60,6 +60,11 @@ pub trait Driver: Send + Sync {
     /// returns what the BMC reads back, as text.
     async fn netboot_once(&self) -> Result<String, PowerError>;
     async fn inventory(&self) -> Result<BmcInventory, PowerError>;
+    /// The host's NIC MACs, where the BMC reports them (a few more requests: asked for
+    /// when a machine is registered by its BMC, not at every status).
+    async fn nic_macs(&self) -> Result<Vec<crate::api::Mac>, PowerError> {
+        Ok(Vec::new())
+    }
     /// Ends what the driver opened on the BMC (a Redfish session: BMCs have few).
     async fn close(&self) {}
 }

@@ -17,6 +17,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+
+use crate::api::Mac;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -395,6 +397,29 @@ impl Driver for Redfish {
             uuid: text("UUID"),
             macs: Vec::new(),
         })
+    }
+
+    async fn nic_macs(&self) -> Result<Vec<Mac>, PowerError> {
+        let (v, _) = self.system().await?;
+        let Some(collection) = v["EthernetInterfaces"]["@odata.id"].as_str() else {
+            return Ok(Vec::new());
+        };
+        let (_, _, list) = self.call(Method::GET, collection, None, None).await?;
+        let mut macs = Vec::new();
+        // A host has a handful of NICs; a BMC listing more is not believed past 32.
+        for member in list["Members"].as_array().into_iter().flatten().take(32) {
+            let Some(path) = member["@odata.id"].as_str() else {
+                continue;
+            };
+            let (_, _, nic) = self.call(Method::GET, path, None, None).await?;
+            let mac = ["MACAddress", "PermanentMACAddress"]
+                .iter()
+                .find_map(|k| nic[k].as_str()?.parse::<Mac>().ok());
+            if let Some(mac) = mac.filter(|m| !macs.contains(m)) {
+                macs.push(mac);
+            }
+        }
+        Ok(macs)
     }
 
     async fn close(&self) {

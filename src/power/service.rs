@@ -11,7 +11,10 @@ use std::time::Duration;
 use crate::api::Mac;
 use crate::api::NodeState;
 use crate::api::node::Bmc;
-use crate::api::power::{BmcProtocol, PowerAction, PowerDone, PowerState, PowerStatus};
+use crate::api::power::{
+    BmcProtocol, BmcRegistration, PowerAction, PowerDone, PowerState, PowerStatus,
+    RegisteredPowerDone,
+};
 use crate::node::reimage::{ReimageError, ReimageService};
 use crate::store::{PowerRow, Store, StoreError};
 
@@ -57,6 +60,8 @@ pub enum ActionError {
     BadRequest(String),
     #[error("no node {0}")]
     UnknownNode(Mac),
+    #[error("no machine registered by its BMC with id {0}")]
+    UnknownRegistration(i64),
     /// The node has no BMC set.
     #[error("node {0} has no BMC; set one with `bootfleet node bmc set`")]
     NoBmc(Mac),
@@ -335,6 +340,120 @@ impl PowerService {
         })
     }
 
+    /// Registers a machine known only by its BMC: the BMC is asked for the system UUID and
+    /// NIC MACs it will be matched by when it boots (refused when it reports neither). A
+    /// node already known by one of those MACs is given the BMC at once.
+    pub async fn register(&self, bmc: &Bmc) -> Result<BmcRegistration, ActionError> {
+        check_settings(bmc).map_err(ActionError::BadRequest)?;
+        let (uuid, macs) = {
+            let _slot = self.in_flight.acquire().await.expect("never closed");
+            let lane = self.lane(bmc);
+            let _lane = lane.lock().await;
+            let driver = self.driver(bmc)?;
+            let found = async {
+                let inventory = driver.inventory().await?;
+                let macs = driver.nic_macs().await?;
+                Ok::<_, PowerError>((inventory.uuid, macs))
+            }
+            .await;
+            driver.close().await;
+            found?
+        };
+        let uuid = crate::node::controller::meaningful_uuid(uuid.as_deref());
+        if uuid.is_none() && macs.is_empty() {
+            return Err(ActionError::BadRequest(format!(
+                "the BMC at {} reports neither a system UUID nor NIC MACs, so its machine cannot be matched when it boots; give the node's MAC with `bootfleet node bmc set MAC`",
+                bmc.address
+            )));
+        }
+        let registration = self.store.register_bmc(bmc, uuid.as_deref(), &macs).await?;
+        for mac in &macs {
+            if self.store.node(mac).await?.is_some()
+                && self
+                    .store
+                    .match_bmc_registration(mac, None)
+                    .await?
+                    .is_some()
+            {
+                break;
+            }
+        }
+        Ok(registration)
+    }
+
+    /// The machines registered by their BMC and not matched yet.
+    pub async fn registrations(&self) -> Result<Vec<BmcRegistration>, ActionError> {
+        Ok(self.store.bmc_registrations().await?)
+    }
+
+    /// Forgets a registration.
+    pub async fn unregister(&self, id: i64) -> Result<(), ActionError> {
+        match self.store.remove_bmc_registration(id).await? {
+            true => Ok(()),
+            false => Err(ActionError::UnknownRegistration(id)),
+        }
+    }
+
+    /// A power action on a machine known only by its BMC (no node yet, so no budget:
+    /// nothing runs there that bootfleet gave it), paced like the rest and recorded as a
+    /// `bmc.power` event.
+    pub async fn act_registered(
+        &self,
+        id: i64,
+        action: PowerAction,
+        reason: &str,
+    ) -> Result<RegisteredPowerDone, ActionError> {
+        let reason = reason.trim();
+        if reason.is_empty() || reason.len() > 1024 {
+            return Err(ActionError::BadRequest(
+                "a power action needs a reason (1-1024 characters)".into(),
+            ));
+        }
+        let registration = self
+            .store
+            .bmc_registration(id)
+            .await?
+            .ok_or(ActionError::UnknownRegistration(id))?;
+        let bmc = &registration.bmc;
+        let netboot = matches!(action, PowerAction::On | PowerAction::Cycle);
+        let outcome = async {
+            let _slot = self.in_flight.acquire().await.expect("never closed");
+            let lane = self.lane(bmc);
+            let _lane = lane.lock().await;
+            let driver = self.driver(bmc)?;
+            let result = async {
+                let before = driver.state().await?;
+                let seen = if netboot {
+                    Some(driver.netboot_once().await?)
+                } else {
+                    None
+                };
+                let op = op_for(action, before);
+                if matches!(op, Op::On | Op::Cycle) {
+                    self.pacer.wait_turn().await;
+                }
+                driver.act(op).await?;
+                Ok::<_, PowerError>(seen)
+            }
+            .await;
+            driver.close().await;
+            result
+        }
+        .await;
+        let data = serde_json::json!({
+            "id": id,
+            "action": action.as_str(),
+            "reason": reason,
+            "outcome": match &outcome { Ok(_) => "ok".to_string(), Err(e) => e.to_string() },
+        });
+        self.store.record_bmc_power(id, &data).await?;
+        Ok(RegisteredPowerDone {
+            id,
+            action,
+            netboot: outcome?,
+        })
+    }
+
     async fn carry_out(
         &self,
         mac: &Mac,
@@ -377,14 +496,7 @@ impl PowerService {
         } else {
             None
         };
-        let op = match action {
-            PowerAction::On => Op::On,
-            PowerAction::Off => Op::ForceOff,
-            PowerAction::SoftOff => Op::GracefulOff,
-            // A machine that is off is cycled by turning it on.
-            PowerAction::Cycle if before == PowerState::Off => Op::On,
-            PowerAction::Cycle => Op::Cycle,
-        };
+        let op = op_for(action, before);
         if matches!(op, Op::On | Op::Cycle) {
             self.pacer.wait_turn().await;
         }
@@ -417,6 +529,18 @@ impl PowerService {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// The driver's operation for `action` on a machine that was `before`.
+fn op_for(action: PowerAction, before: PowerState) -> Op {
+    match action {
+        PowerAction::On => Op::On,
+        PowerAction::Off => Op::ForceOff,
+        PowerAction::SoftOff => Op::GracefulOff,
+        // A machine that is off is cycled by turning it on.
+        PowerAction::Cycle if before == PowerState::Off => Op::On,
+        PowerAction::Cycle => Op::Cycle,
     }
 }
 

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use crate::api::event::Event;
 use crate::api::image::{Artifact, Image, Tag, TagMove};
 use crate::api::node::{Bmc, Node, StateChange};
+use crate::api::power::BmcRegistration;
 use crate::api::refs::{ImageRef, TagName};
 use crate::api::{Digest, Mac, NodeState};
 
@@ -600,6 +601,28 @@ pub trait PowerStore: Send + Sync {
     /// Reimages asked for and not yet begun: nodes reimaging (or gone unreachable since)
     /// with no boot started after their last move to reimaging.
     async fn pending_reimages(&self) -> Result<Vec<PendingReimage>, StoreError>;
+    /// Registers a machine known only by its BMC, with a `bmc.registered` event.
+    async fn register_bmc(
+        &self,
+        bmc: &Bmc,
+        uuid: Option<&str>,
+        macs: &[Mac],
+    ) -> Result<BmcRegistration, StoreError>;
+    /// Machines registered by their BMC and not matched yet, oldest first.
+    async fn bmc_registrations(&self) -> Result<Vec<BmcRegistration>, StoreError>;
+    async fn bmc_registration(&self, id: i64) -> Result<Option<BmcRegistration>, StoreError>;
+    /// Forgets a registration; whether there was one.
+    async fn remove_bmc_registration(&self, id: i64) -> Result<bool, StoreError>;
+    /// Records a power action on a registered machine as a `bmc.power` event.
+    async fn record_bmc_power(&self, id: i64, data: &serde_json::Value) -> Result<(), StoreError>;
+    /// Gives `mac` (a node without a BMC) the BMC of the registration that lists `mac`
+    /// among its NICs or has `uuid`, removes the registration and records `bmc.matched`,
+    /// in one transaction; the registration's id, or None when none matches.
+    async fn match_bmc_registration(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+    ) -> Result<Option<i64>, StoreError>;
 }
 
 /// A whole store: every area, behind one handle the services share. SQLite is one

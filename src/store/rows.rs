@@ -305,3 +305,25 @@ pub(crate) fn power_row(r: PowerRowTuple) -> crate::store::PowerRow {
         took_ms: r.4,
     }
 }
+
+/// `id, bmc, uuid, macs, registered_ms` of `bmc_registrations`.
+pub(crate) type RegistrationTuple = (i64, String, Option<String>, String, i64);
+
+pub(crate) fn registration(
+    r: RegistrationTuple,
+) -> Result<crate::api::power::BmcRegistration, StoreError> {
+    Ok(crate::api::power::BmcRegistration {
+        id: r.0,
+        bmc: serde_json::from_str(&r.1)
+            .map_err(|e| StoreError::Corrupt(format!("registration bmc: {e}")))?,
+        uuid: r.2,
+        macs: serde_json::from_str(&r.3)
+            .map_err(|e| StoreError::Corrupt(format!("registration macs: {e}")))?,
+        registered: format_ms(r.4),
+    })
+}
+
+/// The `LIKE` pattern that finds `mac` in a registration's JSON list of MACs.
+pub(crate) fn mac_pattern(mac: &Mac) -> String {
+    format!("%\"{mac}\"%")
+}

@@ -571,3 +571,100 @@ fn the_budget_holds_for_power_actions_over_a_selector() {
     let show = cli_json(&server, d, &["node", "show", &untouched]);
     assert_eq!(show["power"].as_array().unwrap().len(), 0, "{show}");
 }
+
+#[test]
+fn a_machine_registered_by_its_bmc_alone_is_powered_on_and_matched_when_it_boots() {
+    let sushy = shared();
+    let (data, config) = data_dir("");
+    let server = ServerProcess::spawn_configured(data.path(), Some(&config));
+    let d = data.path();
+    let add = |system: usize| {
+        let url = sushy.url(system);
+        cli_json(
+            &server,
+            d,
+            &[
+                "node",
+                "bmc",
+                "add",
+                "--redfish",
+                &url,
+                "--credential",
+                "good",
+                "--fingerprint",
+                &sushy.fingerprint,
+            ],
+        )
+    };
+    // The emulator's system 7 has one NIC; what its BMC says is what is kept.
+    let seven = add(7);
+    assert_eq!(seven["uuid"], system_uuid(7), "{seven}");
+    assert_eq!(
+        seven["macs"],
+        serde_json::json!(["52:54:00:aa:00:07"]),
+        "{seven}"
+    );
+    add(6);
+    let list = cli_json(&server, d, &["node", "bmc", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    // No node exists yet, and none was made up.
+    assert_eq!(
+        cli_json(&server, d, &["node", "list"])
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+
+    let id = seven["id"].to_string();
+    let on = cli_json(
+        &server,
+        d,
+        &["node", "bmc", "power", &id, "on", "--reason", "first boot"],
+    );
+    assert_eq!(on["netboot"], "Pxe Continuous", "{on}");
+    let (ok, _, err) = cli(
+        &server,
+        d,
+        &["node", "bmc", "power", "999", "on", "--reason", "x"],
+    );
+    assert!(
+        !ok && err.contains("no machine registered by its BMC with id 999"),
+        "{err}"
+    );
+
+    // The machine network-boots with the NIC its BMC named: it is that node, with its BMC.
+    let script = |query: &str| {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("{}/boot/node.ipxe?{query}", server.url)])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "boot script for {query}");
+    };
+    script("mac=52-54-00-aa-00-07");
+    let node = cli_json(&server, d, &["node", "show", "52:54:00:aa:00:07"]);
+    assert_eq!(node["bmc"]["address"], sushy.url(7), "{node}");
+    // The other is matched by its system UUID, booting from a NIC its BMC did not list.
+    script(&format!("mac=52-54-00-aa-01-06&uuid={}", system_uuid(6)));
+    let node = cli_json(&server, d, &["node", "show", "52:54:00:aa:01:06"]);
+    assert_eq!(node["bmc"]["address"], sushy.url(6), "{node}");
+    assert_eq!(
+        cli_json(&server, d, &["node", "bmc", "list"]),
+        serde_json::json!([])
+    );
+    for (mac, by) in [("52:54:00:aa:00:07", "mac"), ("52:54:00:aa:01:06", "uuid")] {
+        let events = cli_json(&server, d, &["node", "events", mac]);
+        let matched: Vec<&serde_json::Value> = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "bmc.matched")
+            .collect();
+        assert_eq!(matched.len(), 1, "{events}");
+        assert_eq!(matched[0]["data"]["by"], by, "{events}");
+    }
+    // An unknown MAC with no UUID is an ordinary discovery, with no BMC.
+    script("mac=52-54-00-aa-02-01");
+    let node = cli_json(&server, d, &["node", "show", "52:54:00:aa:02:01"]);
+    assert!(node["bmc"].is_null(), "{node}");
+}

@@ -68,6 +68,7 @@ on_both!(
     digest_prefixes_name_one_image_or_none,
     a_node_is_removed_whole_under_its_version,
     an_image_is_removed_with_the_boots_that_ran_it,
+    a_bmc_registration_is_matched_once_by_mac_or_uuid,
 );
 
 fn mac(i: u32) -> Mac {
@@ -786,6 +787,73 @@ async fn new_macs_stop_being_recorded_at_the_discovery_cap(db: Db) {
             .is_some()
     );
     assert_eq!(store.nodes().await.unwrap().len(), 3);
+    store.close().await;
+}
+
+async fn a_bmc_registration_is_matched_once_by_mac_or_uuid(db: Db) {
+    use bootfleet::api::power::{Bmc, BmcProtocol};
+    let store = db.open().await;
+    let bmc = |n: u32| Bmc {
+        protocol: BmcProtocol::Ipmi,
+        address: format!("10.0.0.{n}"),
+        credential: Some("c".into()),
+        ca: None,
+        fingerprint: None,
+        insecure: false,
+        quirks: Vec::new(),
+    };
+    let by_mac = store
+        .register_bmc(&bmc(1), None, &[mac(400), mac(401)])
+        .await
+        .unwrap();
+    let uuid = "4c4c4544-0042-3010-8054-b4c04f4d3232";
+    store.register_bmc(&bmc(2), Some(uuid), &[]).await.unwrap();
+    assert_eq!(store.bmc_registrations().await.unwrap().len(), 2);
+    // A MAC no registration lists does not match.
+    store.discover(&mac(40), None, "t").await.unwrap();
+    assert_eq!(
+        store.match_bmc_registration(&mac(40), None).await.unwrap(),
+        None
+    );
+    store.discover(&mac(401), None, "t").await.unwrap();
+    assert_eq!(
+        store.match_bmc_registration(&mac(401), None).await.unwrap(),
+        Some(by_mac.id)
+    );
+    let node = store.node(&mac(401)).await.unwrap().unwrap();
+    assert_eq!(node.bmc.unwrap().address, "10.0.0.1");
+    // Matched once: the other MAC of that machine finds nothing now.
+    store.discover(&mac(400), None, "t").await.unwrap();
+    assert_eq!(
+        store.match_bmc_registration(&mac(400), None).await.unwrap(),
+        None
+    );
+    // By UUID; a node that has a BMC already is not given another.
+    store.set_bmc(&mac(40), Some(&bmc(9))).await.unwrap();
+    assert_eq!(
+        store
+            .match_bmc_registration(&mac(40), Some(uuid))
+            .await
+            .unwrap(),
+        None
+    );
+    store.discover(&mac(402), None, "t").await.unwrap();
+    assert!(
+        store
+            .match_bmc_registration(&mac(402), Some(uuid))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(store.bmc_registrations().await.unwrap().is_empty());
+    let kinds: Vec<String> = store
+        .events_since(0, 100, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "bmc.matched").count(), 2);
     store.close().await;
 }
 

@@ -22,6 +22,13 @@ pub mod kind {
     pub const POWER: &str = "node.power";
     /// A BMC's settings were set or removed: `{bmc}` (never a credential, only its name).
     pub const BMC_SET: &str = "node.bmc";
+    /// A machine was registered by its BMC alone: `{id, bmc, uuid, macs}`.
+    pub const BMC_REGISTERED: &str = "bmc.registered";
+    /// A power action on a machine known only by its BMC: `{id, action, reason, outcome}`.
+    pub const BMC_POWER: &str = "bmc.power";
+    /// A booting node was matched to a machine registered by its BMC and given that BMC:
+    /// `{id, by}` (`by` is `mac` or `uuid`).
+    pub const BMC_MATCHED: &str = "bmc.matched";
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -270,3 +270,25 @@ mod tests {
         );
     }
 }
+
+/// A machine known only by its BMC (`POST /api/v1/bmcs` takes a `Bmc`): it can be powered
+/// on into network boot before its MAC is known, and is matched to its node when it
+/// boots, by a NIC MAC or the system UUID its BMC reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BmcRegistration {
+    pub id: i64,
+    pub bmc: Bmc,
+    /// The SMBIOS UUID the BMC reported, lower case.
+    pub uuid: Option<String>,
+    /// The host's NIC MACs the BMC reported.
+    pub macs: Vec<Mac>,
+    pub registered: String,
+}
+
+/// `POST /api/v1/bmcs/{id}/power` answers this.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisteredPowerDone {
+    pub id: i64,
+    pub action: PowerAction,
+    pub netboot: Option<String>,
+}

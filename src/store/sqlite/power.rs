@@ -7,6 +7,7 @@ use super::SqliteStore;
 use crate::api::Mac;
 use crate::api::event::{BmcSetData, PowerData, kind};
 use crate::api::node::Bmc;
+use crate::api::power::BmcRegistration;
 use crate::clock::now_ms;
 use crate::store::{NodeRecord, PendingReimage, PowerRow, PowerStore, StoreError, rows};
 
@@ -91,5 +92,114 @@ impl PowerStore for SqliteStore {
                 })
             })
             .collect()
+    }
+    async fn register_bmc(
+        &self,
+        bmc: &Bmc,
+        uuid: Option<&str>,
+        macs: &[Mac],
+    ) -> Result<BmcRegistration, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let macs_json = serde_json::to_string(macs).expect("MACs serialise");
+        let (id,): (i64,) = sqlx::query_as(
+            "INSERT INTO bmc_registrations (bmc, uuid, macs, registered_ms) VALUES (?, ?, ?, ?) RETURNING id",
+        )
+        .bind(serde_json::to_string(bmc).expect("a BMC serialises"))
+        .bind(uuid)
+        .bind(&macs_json)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let data = serde_json::json!({ "id": id, "bmc": bmc, "uuid": uuid, "macs": macs });
+        super::events::insert_event(&mut tx, kind::BMC_REGISTERED, None, &data, now).await?;
+        tx.commit().await?;
+        self.notify_events();
+        rows::registration((
+            id,
+            serde_json::to_string(bmc).expect("a BMC serialises"),
+            uuid.map(str::to_string),
+            macs_json,
+            now,
+        ))
+    }
+    async fn bmc_registrations(&self) -> Result<Vec<BmcRegistration>, StoreError> {
+        let found: Vec<rows::RegistrationTuple> = sqlx::query_as(
+            "SELECT id, bmc, uuid, macs, registered_ms FROM bmc_registrations ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        found.into_iter().map(rows::registration).collect()
+    }
+    async fn bmc_registration(&self, id: i64) -> Result<Option<BmcRegistration>, StoreError> {
+        let found: Option<rows::RegistrationTuple> = sqlx::query_as(
+            "SELECT id, bmc, uuid, macs, registered_ms FROM bmc_registrations WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        found.map(rows::registration).transpose()
+    }
+    async fn remove_bmc_registration(&self, id: i64) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let done = sqlx::query("DELETE FROM bmc_registrations WHERE id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() > 0)
+    }
+    async fn record_bmc_power(&self, _id: i64, data: &serde_json::Value) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        super::events::insert_event(&mut tx, kind::BMC_POWER, None, data, now_ms()).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(())
+    }
+    async fn match_bmc_registration(
+        &self,
+        mac: &Mac,
+        uuid: Option<&str>,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let found: Option<(i64, String, Option<String>)> = sqlx::query_as(
+            "SELECT id, bmc, uuid FROM bmc_registrations WHERE macs LIKE ? OR (uuid IS NOT NULL AND uuid = ?) ORDER BY id LIMIT 1",
+        )
+        .bind(rows::mac_pattern(mac))
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((id, bmc, found_uuid)) = found else {
+            return Ok(None);
+        };
+        let now = now_ms();
+        let given = sqlx::query(
+            "UPDATE nodes SET bmc = ?, version = version + 1, updated_at_ms = ? WHERE mac = ? AND bmc IS NULL",
+        )
+        .bind(&bmc)
+        .bind(now)
+        .bind(mac.to_string())
+        .execute(&mut *tx)
+        .await?;
+        if given.rows_affected() == 0 {
+            return Ok(None);
+        }
+        sqlx::query("DELETE FROM bmc_registrations WHERE id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let by = if uuid.is_some() && found_uuid.as_deref() == uuid {
+            "uuid"
+        } else {
+            "mac"
+        };
+        let bmc: serde_json::Value =
+            serde_json::from_str(&bmc).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let data = serde_json::json!({ "id": id, "by": by, "bmc": bmc });
+        super::events::insert_event(&mut tx, kind::BMC_MATCHED, Some(mac), &data, now).await?;
+        tx.commit().await?;
+        self.node_cache.invalidate(mac);
+        self.notify_events();
+        Ok(Some(id))
     }
 }
