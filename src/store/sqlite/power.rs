@@ -161,14 +161,24 @@ impl PowerStore for SqliteStore {
         mac: &Mac,
         uuid: Option<&str>,
     ) -> Result<Option<i64>, StoreError> {
+        const FIND: &str = "SELECT id, bmc, uuid FROM bmc_registrations WHERE macs LIKE ? OR (uuid IS NOT NULL AND uuid = ?) ORDER BY id LIMIT 1";
+        // Asked at every new node's first sight, mostly with no registration at all: a
+        // read first, so a boot storm of new MACs does not queue on the write lock.
+        let seen: Option<(i64, String, Option<String>)> = sqlx::query_as(FIND)
+            .bind(rows::mac_pattern(mac))
+            .bind(uuid)
+            .fetch_optional(&self.pool)
+            .await?;
+        if seen.is_none() {
+            return Ok(None);
+        }
+        // Again inside the write, where another server may have matched it first.
         let mut tx = self.write_tx().await?;
-        let found: Option<(i64, String, Option<String>)> = sqlx::query_as(
-            "SELECT id, bmc, uuid FROM bmc_registrations WHERE macs LIKE ? OR (uuid IS NOT NULL AND uuid = ?) ORDER BY id LIMIT 1",
-        )
-        .bind(rows::mac_pattern(mac))
-        .bind(uuid)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let found: Option<(i64, String, Option<String>)> = sqlx::query_as(FIND)
+            .bind(rows::mac_pattern(mac))
+            .bind(uuid)
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some((id, bmc, found_uuid)) = found else {
             return Ok(None);
         };
