@@ -237,18 +237,10 @@ impl PowerService {
     /// What the BMC says of the machine's power, with its inventory.
     pub async fn status(&self, mac: &Mac) -> Result<PowerStatus, ActionError> {
         let (_, bmc) = self.bmc_of(mac).await?;
-        let _slot = self.in_flight.acquire().await.expect("never closed");
-        let lane = self.lane(&bmc);
-        let _lane = lane.lock().await;
-        let driver = self.driver(&bmc)?;
-        let result = async {
-            let state = driver.state().await?;
-            let inventory = driver.inventory().await?;
-            Ok::<_, PowerError>((state, inventory))
-        }
-        .await;
-        driver.close().await;
-        let (state, inventory) = result?;
+        let held = self.hold(&bmc).await?;
+        let d = held.driver.as_ref();
+        let answer = async { Ok::<_, PowerError>((d.state().await?, d.inventory().await?)) }.await;
+        let (state, inventory) = held.end(answer).await?;
         Ok(PowerStatus {
             node: *mac,
             bmc: bmc.to_string(),
@@ -345,20 +337,11 @@ impl PowerService {
     /// node already known by one of those MACs is given the BMC at once.
     pub async fn register(&self, bmc: &Bmc) -> Result<BmcRegistration, ActionError> {
         check_settings(bmc).map_err(ActionError::BadRequest)?;
-        let (uuid, macs) = {
-            let _slot = self.in_flight.acquire().await.expect("never closed");
-            let lane = self.lane(bmc);
-            let _lane = lane.lock().await;
-            let driver = self.driver(bmc)?;
-            let found = async {
-                let inventory = driver.inventory().await?;
-                let macs = driver.nic_macs().await?;
-                Ok::<_, PowerError>((inventory.uuid, macs))
-            }
-            .await;
-            driver.close().await;
-            found?
-        };
+        let held = self.hold(bmc).await?;
+        let d = held.driver.as_ref();
+        let found =
+            async { Ok::<_, PowerError>((d.inventory().await?.uuid, d.nic_macs().await?)) }.await;
+        let (uuid, macs) = held.end(found).await?;
         let uuid = crate::node::controller::meaningful_uuid(uuid.as_deref());
         if uuid.is_none() && macs.is_empty() {
             return Err(ActionError::BadRequest(format!(
@@ -416,30 +399,16 @@ impl PowerService {
             .ok_or(ActionError::UnknownRegistration(id))?;
         let bmc = &registration.bmc;
         let netboot = matches!(action, PowerAction::On | PowerAction::Cycle);
-        let outcome = async {
-            let _slot = self.in_flight.acquire().await.expect("never closed");
-            let lane = self.lane(bmc);
-            let _lane = lane.lock().await;
-            let driver = self.driver(bmc)?;
-            let result = async {
-                let before = driver.state().await?;
-                let seen = if netboot {
-                    Some(driver.netboot_once().await?)
-                } else {
-                    None
-                };
-                let op = op_for(action, before);
-                if matches!(op, Op::On | Op::Cycle) {
-                    self.pacer.wait_turn().await;
-                }
-                driver.act(op).await?;
-                Ok::<_, PowerError>(seen)
+        // No node, so no budget to claim: nothing runs there that bootfleet gave it.
+        let outcome = match self.hold(bmc).await {
+            Ok(held) => {
+                let done = self
+                    .steps(None, held.driver.as_ref(), action, reason, netboot)
+                    .await;
+                held.end(done).await
             }
-            .await;
-            driver.close().await;
-            result
-        }
-        .await;
+            Err(e) => Err(e),
+        };
         let data = serde_json::json!({
             "id": id,
             "action": action.as_str(),
@@ -463,32 +432,47 @@ impl PowerService {
         netboot: bool,
         claim: bool,
     ) -> Result<Option<String>, ActionError> {
-        let _slot = self.in_flight.acquire().await.expect("never closed");
-        let lane = self.lane(bmc);
-        let _lane = lane.lock().await;
-        let driver = self.driver(bmc)?;
-        let result = self
-            .steps(mac, driver.as_ref(), action, reason, netboot, claim)
+        let held = self.hold(bmc).await?;
+        let done = self
+            .steps(
+                claim.then_some(mac),
+                held.driver.as_ref(),
+                action,
+                reason,
+                netboot,
+            )
             .await;
-        driver.close().await;
-        result
+        held.end(done).await
     }
 
+    /// `bmc`'s driver, within the server-wide bound and alone on that BMC.
+    async fn hold(&self, bmc: &Bmc) -> Result<Held<'_>, ActionError> {
+        let slot = self.in_flight.acquire().await.expect("never closed");
+        let lane = self.lane(bmc).lock_owned().await;
+        let driver = self.driver(bmc)?;
+        Ok(Held {
+            _slot: slot,
+            _lane: lane,
+            driver,
+        })
+    }
+
+    /// The probe, the budget claimed for `claim_for` (when the action disrupts), the
+    /// one-time network boot, then the action.
     async fn steps(
         &self,
-        mac: &Mac,
+        claim_for: Option<&Mac>,
         driver: &dyn Driver,
         action: PowerAction,
         reason: &str,
         netboot: bool,
-        claim: bool,
     ) -> Result<Option<String>, ActionError> {
         // The probe: an unreachable BMC, wrong credentials or a certificate that does not
         // match fail here, before the node or the machine changes.
         let before = driver.state().await?;
         // Then the budget, before the BMC is asked to change anything: a node it refuses
         // is left as it was.
-        if claim && action.disrupts() {
+        if let Some(mac) = claim_for.filter(|_| action.disrupts()) {
             self.claim_budget(mac, action, reason).await?;
         }
         let seen = if netboot {
@@ -529,6 +513,21 @@ impl PowerService {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// A driver held by `PowerService::hold`; `end` closes its session on the BMC (BMCs hold
+/// few) and then lets the next caller at that BMC.
+struct Held<'a> {
+    _slot: tokio::sync::SemaphorePermit<'a>,
+    _lane: tokio::sync::OwnedMutexGuard<()>,
+    driver: Box<dyn Driver>,
+}
+
+impl Held<'_> {
+    async fn end<T>(self, result: T) -> T {
+        self.driver.close().await;
+        result
     }
 }
 
