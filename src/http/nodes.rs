@@ -71,8 +71,8 @@ pub async fn node_script(
     // 8-4-4-4-12 hex form is not a UUID either.
     let uuid = q
         .uuid
-        .filter(|u| is_uuid(u) && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0'))
-        .map(|u| u.to_ascii_lowercase());
+        .filter(|u| is_uuid(u))
+        .and_then(|u| crate::node::controller::meaningful_uuid(Some(&u)));
     let from = peer.map(|Extension(p)| p.0.ip());
     match state
         .nodes

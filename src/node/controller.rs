@@ -150,11 +150,7 @@ impl NodeController {
         if new {
             tracing::info!(%mac, reason, "node discovered");
             // A machine registered by its BMC alone becomes this node when it first boots.
-            if let Some(id) = self
-                .store
-                .match_bmc_registration(mac, meaningful_uuid(uuid).as_deref())
-                .await?
-            {
+            if let Some(id) = self.store.match_bmc_registration(mac, uuid).await? {
                 tracing::info!(%mac, registration = id, "node matched to the BMC it was registered by");
                 let node = self.store.node(mac).await?.unwrap_or(node);
                 return Ok(Some((node, new)));
@@ -179,8 +175,10 @@ impl NodeController {
     }
 }
 
-/// A firmware's UUID, lower case, unless it is all zeros (QEMU without `-uuid`, and
-/// firmware that has none): such a UUID names no machine.
+/// A machine's UUID as reported (by firmware or a BMC), lower case, unless it is empty or
+/// all zeros (QEMU without `-uuid`, firmware that has none): such a UUID names no machine.
+/// What `discover` is given has been through this (the boot script's query) or the
+/// equivalent byte check (DHCP option 97).
 pub fn meaningful_uuid(uuid: Option<&str>) -> Option<String> {
     let u = uuid?.trim().to_ascii_lowercase();
     (!u.is_empty() && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')).then_some(u)

@@ -280,12 +280,7 @@ impl PowerService {
         netboot: Option<bool>,
         claim: bool,
     ) -> Result<PowerDone, ActionError> {
-        let reason = reason.trim();
-        if reason.is_empty() || reason.len() > 1024 {
-            return Err(ActionError::BadRequest(
-                "a power action needs a reason (1-1024 characters)".into(),
-            ));
-        }
+        let reason = checked_reason(reason)?;
         let netboot = netboot.unwrap_or(matches!(action, PowerAction::On | PowerAction::Cycle));
         if netboot && matches!(action, PowerAction::Off | PowerAction::SoftOff) {
             return Err(ActionError::BadRequest(format!(
@@ -386,12 +381,7 @@ impl PowerService {
         action: PowerAction,
         reason: &str,
     ) -> Result<RegisteredPowerDone, ActionError> {
-        let reason = reason.trim();
-        if reason.is_empty() || reason.len() > 1024 {
-            return Err(ActionError::BadRequest(
-                "a power action needs a reason (1-1024 characters)".into(),
-            ));
-        }
+        let reason = checked_reason(reason)?;
         let registration = self
             .store
             .bmc_registration(id)
@@ -400,22 +390,21 @@ impl PowerService {
         let bmc = &registration.bmc;
         let netboot = matches!(action, PowerAction::On | PowerAction::Cycle);
         // No node, so no budget to claim: nothing runs there that bootfleet gave it.
-        let outcome = match self.hold(bmc).await {
-            Ok(held) => {
-                let done = self
-                    .steps(None, held.driver.as_ref(), action, reason, netboot)
-                    .await;
-                held.end(done).await
-            }
-            Err(e) => Err(e),
-        };
+        let outcome = async {
+            let held = self.hold(bmc).await?;
+            let done = self
+                .steps(None, held.driver.as_ref(), action, reason, netboot)
+                .await;
+            held.end(done).await
+        }
+        .await;
         let data = serde_json::json!({
             "id": id,
             "action": action.as_str(),
             "reason": reason,
             "outcome": match &outcome { Ok(_) => "ok".to_string(), Err(e) => e.to_string() },
         });
-        self.store.record_bmc_power(id, &data).await?;
+        self.store.record_bmc_power(&data).await?;
         Ok(RegisteredPowerDone {
             id,
             action,
@@ -529,6 +518,17 @@ impl Held<'_> {
         self.driver.close().await;
         result
     }
+}
+
+/// A power action's reason, trimmed: 1-1024 characters.
+fn checked_reason(reason: &str) -> Result<&str, ActionError> {
+    let reason = reason.trim();
+    if reason.is_empty() || reason.len() > 1024 {
+        return Err(ActionError::BadRequest(
+            "a power action needs a reason (1-1024 characters)".into(),
+        ));
+    }
+    Ok(reason)
 }
 
 /// The driver's operation for `action` on a machine that was `before`.

@@ -614,7 +614,7 @@ pub trait PowerStore: Send + Sync {
     /// Forgets a registration; whether there was one.
     async fn remove_bmc_registration(&self, id: i64) -> Result<bool, StoreError>;
     /// Records a power action on a registered machine as a `bmc.power` event.
-    async fn record_bmc_power(&self, id: i64, data: &serde_json::Value) -> Result<(), StoreError>;
+    async fn record_bmc_power(&self, data: &serde_json::Value) -> Result<(), StoreError>;
     /// Gives `mac` (a node without a BMC) the BMC of the registration that lists `mac`
     /// among its NICs or has `uuid`, removes the registration and records `bmc.matched`,
     /// in one transaction; the registration's id, or None when none matches.

@@ -123,6 +123,21 @@ async fn publish_and_assign(server: &TestServer, dir: &Path, mac: &str) -> Value
     image
 }
 
+/// Publishes `dir` under demo:stable (the tag `mac` follows) and asks `mac` to reimage
+/// for `reason`; returns the new image.
+async fn roll_out(server: &TestServer, dir: &Path, mac: &str, reason: &str) -> Value {
+    let (status, image) = server.publish_query(bundle(dir), "?tag=demo:stable").await;
+    assert_eq!(status, 201, "{image}");
+    let r = server
+        .post(&format!("/api/v1/nodes/{mac}/reimage"))
+        .json(&json!({ "reason": reason }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    image
+}
+
 fn segment_number(salt: u32) -> u32 {
     40 + (std::process::id() * 5 + salt) % 160
 }
@@ -417,18 +432,8 @@ async fn a_vm_network_boots_the_pinned_image_to_ready_and_rolls_out_to_a_new_ver
 
     // (e) Rollout: the tag moves to version 2, a reimage is requested; the agent reboots
     // the VM, which boots the new digest and is ready again.
-    let (status, v2) = server
-        .publish_query(bundle(&v2_dir), "?tag=demo:stable")
-        .await;
-    assert_eq!(status, 201, "{v2}");
+    let v2 = roll_out(&server, &v2_dir, &mac, "roll out demo:2").await;
     assert_ne!(v1["digest"], v2["digest"]);
-    let r = server
-        .post(&format!("/api/v1/nodes/{mac}/reimage"))
-        .json(&json!({ "reason": "roll out demo:2" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
     let v2_digest = v2["digest"].clone();
     let node = wait_for(
         &server,
@@ -739,17 +744,7 @@ async fn a_hung_node_is_power_cycled_through_its_bmc_into_the_new_image() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (status, v2) = server
-        .publish_query(bundle(&v2_dir), "?tag=demo:stable")
-        .await;
-    assert_eq!(status, 201, "{v2}");
-    let r = server
-        .post(&format!("/api/v1/nodes/{mac}/reimage"))
-        .json(&json!({ "reason": "roll out demo:2 to a hung node" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 202);
+    let v2 = roll_out(&server, &v2_dir, &mac, "roll out demo:2 to a hung node").await;
     let v2_digest = v2["digest"].clone();
     let node = wait_for(
         &server,

@@ -115,13 +115,13 @@ impl PowerStore for PgStore {
         super::events::insert_event(&mut tx, kind::BMC_REGISTERED, None, &data, now).await?;
         tx.commit().await?;
         self.notify_events();
-        rows::registration((
+        Ok(BmcRegistration {
             id,
-            serde_json::to_string(bmc).expect("a BMC serialises"),
-            uuid.map(str::to_string),
-            macs_json,
-            now,
-        ))
+            bmc: bmc.clone(),
+            uuid: uuid.map(str::to_string),
+            macs: macs.to_vec(),
+            registered: crate::clock::format_ms(now),
+        })
     }
     async fn bmc_registrations(&self) -> Result<Vec<BmcRegistration>, StoreError> {
         let found: Vec<rows::RegistrationTuple> = sqlx::query_as(
@@ -149,7 +149,7 @@ impl PowerStore for PgStore {
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
-    async fn record_bmc_power(&self, _id: i64, data: &serde_json::Value) -> Result<(), StoreError> {
+    async fn record_bmc_power(&self, data: &serde_json::Value) -> Result<(), StoreError> {
         let mut tx = self.tx().await?;
         super::events::insert_event(&mut tx, kind::BMC_POWER, None, data, now_ms()).await?;
         tx.commit().await?;
