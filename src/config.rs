@@ -71,6 +71,9 @@ pub struct FileConfig {
     /// `[power]`: BMC secrets, timeouts and rate limits.
     #[serde(default)]
     pub power: crate::power::service::PowerSettings,
+    /// `[images]`: imports of OCI images (limits, stage 1's busybox and agent).
+    #[serde(default)]
+    pub images: crate::image::import::ImportSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -215,6 +218,7 @@ pub struct ServerConfig {
     /// Serve the admin API here only, apart from the boot routes (a management network).
     pub admin_listen: Option<SocketAddr>,
     pub power: crate::power::service::PowerSettings,
+    pub images: crate::image::import::ImportSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -279,6 +283,7 @@ impl ServerConfig {
             discovery: file.discovery,
             boots: file.boots,
             power: file.power,
+            images: file.images,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

@@ -58,6 +58,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .map(crate::events::webhook::Webhook::load)
         .collect::<Result<Vec<_>, _>>()?;
     let mut registry = Registry::new(store.clone(), blobs, cfg.limits);
+    registry.imports = std::sync::Arc::new(cfg.images.clone());
+    registry.clear_import_staging()?;
     if let Some(objects) = crate::image::objects::Objects::open(&cfg.blobs)? {
         // A server restarted during an object-store outage still serves its cache: the
         // bucket check is a warning, not a reason to stay down.

@@ -13,7 +13,8 @@ use reqwest::Method;
 use super::client::Client;
 use super::output::{OutputFormat, emit, human_bytes};
 use crate::api::image::{
-    GcReport, Image, ImageDetail, PublishOutcome, TagMove, TagRequest, TagResult, VerifyReport,
+    GcReport, Image, ImageDetail, ImportOutcome, ImportRequest, PublishOutcome, TagMove,
+    TagRequest, TagResult, VerifyReport,
 };
 use crate::api::refs::{ImageRef, TagName};
 
@@ -26,6 +27,46 @@ pub enum ImageCommand {
         /// Also point this tag (NAME:TAG) at the published image.
         #[arg(long)]
         tag: Option<String>,
+    },
+    /// Import an OCI image (built as a container) as a two-stage image: its root becomes
+    /// one squashfs blob with a dm-verity tree, its kernel and a stage-1 initramfs of its
+    /// own modules boot it, and its pins are read from its content.
+    Import {
+        /// docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (pulled by the server),
+        /// oci-archive:PATH[:NAME], docker-archive:PATH[:TAG], oci:DIR[:NAME], or a path
+        /// (an OCI layout directory or an archive file), uploaded.
+        source: String,
+        /// The image name.
+        #[arg(long)]
+        name: String,
+        /// The version to publish it as.
+        #[arg(long)]
+        version: String,
+        /// Also point this tag (NAME:TAG) at the imported image.
+        #[arg(long)]
+        tag: Option<String>,
+        /// The image's kernel command line.
+        #[arg(long, default_value = "console=tty0 console=ttyS0,115200n8")]
+        cmdline: String,
+        /// A pin the content must agree with, NAME=VERSION (kernel, nvidia-driver, ofed,
+        /// cuda); repeatable. What the content holds and is not pinned is added.
+        #[arg(long = "pin", value_name = "NAME=VERSION")]
+        pins: Vec<String>,
+        /// A TOML file with the manifest's [pins] and [validation] sections.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// Keep the image's device files (refused otherwise).
+        #[arg(long)]
+        allow_devices: bool,
+        /// Add the server's bootfleet-agent and its enabled systemd unit to the root.
+        #[arg(long)]
+        install_agent: bool,
+        /// The server's secret holding the registry login (username, password).
+        #[arg(long, value_name = "NAME")]
+        registry_credential: Option<String>,
+        /// Speak plain HTTP to the registry (a local registry on a trusted network).
+        #[arg(long)]
+        plain_http: bool,
     },
     /// List published images.
     List,
@@ -76,6 +117,45 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                     println!("tagged {} -> {}", t.tag, t.digest);
                 }
             })
+        }
+        ImageCommand::Import {
+            source,
+            name,
+            version,
+            tag,
+            cmdline,
+            pins,
+            manifest,
+            allow_devices,
+            install_agent,
+            registry_credential,
+            plain_http,
+        } => {
+            let mut request = ImportRequest {
+                name,
+                version,
+                tag,
+                cmdline,
+                allow_devices,
+                install_agent,
+                registry_credential,
+                plain_http,
+                ..ImportRequest::default()
+            };
+            if let Some(path) = &manifest {
+                let (p, v) = import_manifest(path)?;
+                request.pins = p;
+                request.validation = v;
+            }
+            for pin in &pins {
+                let (k, v) = pin
+                    .split_once('=')
+                    .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+                    .with_context(|| format!("--pin {pin:?}: NAME=VERSION"))?;
+                request.pins.insert(k.to_string(), v.to_string());
+            }
+            let result = import(client, &source, request).await?;
+            emit(out, &result, print_import)
         }
         ImageCommand::List => {
             let images: Vec<Image> = client
@@ -177,15 +257,133 @@ async fn publish(
     path: &Path,
     tag: Option<&str>,
 ) -> anyhow::Result<PublishOutcome> {
+    if path.is_dir() && !path.join(crate::api::image::MANIFEST_NAME).is_file() {
+        bail!("{} has no manifest.toml", path.display());
+    }
+    let mut req = client.request(Method::POST, "/api/v1/images");
+    if let Some(t) = tag {
+        req = req.query(&[("tag", t)]);
+    }
+    upload(client, req, path).await
+}
+
+/// An import: a registry source goes as JSON for the server to pull; an archive or a
+/// layout directory is uploaded with the request in `?spec=`.
+async fn import(
+    client: &Client,
+    source: &str,
+    mut request: ImportRequest,
+) -> anyhow::Result<ImportOutcome> {
+    if source.starts_with("docker://") {
+        request.source = Some(source.to_string());
+        let req = client
+            .request(Method::POST, "/api/v1/images/import")
+            .json(&request);
+        return client.send(req).await;
+    }
+    let (path, reference) = archive_source(source);
+    request.reference = reference;
+    if path.is_dir() && !path.join("index.json").is_file() {
+        bail!("{} is not an OCI layout (no index.json)", path.display());
+    }
+    let req = client
+        .request(Method::POST, "/api/v1/images/import")
+        .query(&[("spec", serde_json::to_string(&request)?)]);
+    upload(client, req, &path).await
+}
+
+/// `oci-archive:PATH[:REF]`, `docker-archive:PATH[:REF]`, `oci:DIR[:REF]` or a plain path:
+/// the path, and the image named in it if any.
+fn archive_source(source: &str) -> (PathBuf, Option<String>) {
+    for prefix in ["oci-archive:", "docker-archive:", "oci:"] {
+        if let Some(rest) = source.strip_prefix(prefix) {
+            // A reference follows the path's last ':' (paths with ':' need the prefix and a
+            // reference, as with skopeo).
+            return match rest.rsplit_once(':') {
+                Some((path, r)) if !r.contains('/') && !Path::new(rest).exists() => {
+                    (PathBuf::from(path), Some(r.to_string()))
+                }
+                _ => (PathBuf::from(rest), None),
+            };
+        }
+    }
+    (PathBuf::from(source), None)
+}
+
+/// `--manifest FILE`: its [pins] and [validation].
+fn import_manifest(
+    path: &Path,
+) -> anyhow::Result<(
+    std::collections::BTreeMap<String, String>,
+    Option<serde_json::Value>,
+)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Sections {
+        #[serde(default)]
+        pins: std::collections::BTreeMap<String, String>,
+        validation: Option<toml::Table>,
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let s: Sections = toml::from_str(&text)
+        .with_context(|| format!("{}: [pins] and [validation] only", path.display()))?;
+    let validation = s.validation.map(serde_json::to_value).transpose()?;
+    Ok((s.pins, validation))
+}
+
+fn print_import(r: &ImportOutcome) {
+    let p = &r.publish;
+    let what = if p.created {
+        "imported"
+    } else {
+        "already published"
+    };
+    println!("{what} {}:{} {}", p.name, p.version, p.digest);
+    if let Some(t) = &p.tag {
+        println!("tagged {} -> {}", t.tag, t.digest);
+    }
+    let i = &r.import;
+    println!("kernel       {}", i.kernel_release);
+    for (k, v) in &i.pins {
+        let derived = if i.derived_pins.contains(k) {
+            " (read from the image)"
+        } else {
+            ""
+        };
+        println!("pin          {k} = {v}{derived}");
+    }
+    println!(
+        "rootfs       {} bytes ({}, {} bytes of files in {} layers), verity root {}",
+        i.rootfs_bytes, i.compressor, i.root_bytes, i.layers, i.verity_root_hash
+    );
+    println!("stage 1      {}", i.stage1_modules.join(" "));
+    if i.dropped_acls > 0 {
+        println!(
+            "dropped      POSIX ACLs of {} files (squashfs cannot hold them)",
+            i.dropped_acls
+        );
+    }
+    if !i.absent_network_drivers.is_empty() {
+        println!(
+            "not in the kernel: {} (nodes with these NICs cannot boot it)",
+            i.absent_network_drivers.join(" ")
+        );
+    }
+}
+
+/// Streams a file as is, or a directory as a tar made on the fly, as the body of `req`.
+async fn upload<T: serde::de::DeserializeOwned>(
+    client: &Client,
+    mut req: reqwest::RequestBuilder,
+    path: &Path,
+) -> anyhow::Result<T> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (stream, total): (
         futures_util::stream::BoxStream<'static, std::io::Result<Bytes>>,
         Option<u64>,
     ) = if meta.is_dir() {
-        if !path.join(crate::api::image::MANIFEST_NAME).is_file() {
-            bail!("{} has no manifest.toml", path.display());
-        }
         // Not sent as Content-Length (an estimate), only shown: percent and ETA.
         let estimate = tar_size_estimate(path).ok();
         (tar_directory(path.to_path_buf()).boxed(), estimate)
@@ -205,12 +403,7 @@ async fn publish(
             }
         })
     };
-    let mut req = client
-        .request(Method::POST, "/api/v1/images")
-        .body(reqwest::Body::wrap_stream(counted));
-    if let Some(t) = tag {
-        req = req.query(&[("tag", t)]);
-    }
+    req = req.body(reqwest::Body::wrap_stream(counted));
     if let (Some(len), false) = (total, meta.is_dir()) {
         req = req.header(reqwest::header::CONTENT_LENGTH, len);
     }

@@ -55,6 +55,17 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::Bundle(BundleError::Storage(_)) => ApiError::Internal(e.to_string()),
             RegistryError::Bundle(b) => ApiError::BadRequest(format!("bundle refused: {b}")),
+            RegistryError::Import(i) => {
+                use crate::image::import::ImportError;
+                use crate::image::oci::OciError;
+                match i {
+                    ImportError::Oci(OciError::Unreachable(m)) => ApiError::BadGateway(m),
+                    ImportError::Io(_) | ImportError::Oci(OciError::Io(_)) => {
+                        ApiError::Internal(format!("import failed: {i}"))
+                    }
+                    refused => ApiError::BadRequest(format!("import refused: {refused}")),
+                }
+            }
             RegistryError::Conflict(m) => ApiError::Conflict(m),
             RegistryError::NotFound(m) => ApiError::NotFound(m),
             RegistryError::Invalid(m) => ApiError::BadRequest(m),

@@ -120,3 +120,65 @@ pub async fn remove(
     let runs = |s| !crate::node::state::removable(s);
     Ok(Json(state.registry.remove(&r, runs).await?).into_response())
 }
+
+#[derive(Deserialize)]
+pub struct ImportQuery {
+    /// The `ImportRequest` as JSON, when the body is the archive.
+    spec: Option<String>,
+}
+
+/// `POST /api/v1/images/import`: a registry pull (JSON body) or an uploaded archive
+/// (`?spec=` JSON, the archive as the body).
+pub async fn import(
+    State(state): State<AppState>,
+    Query(q): Query<ImportQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    use crate::api::image::ImportRequest;
+    use crate::registry::ImportSource;
+    let (request, source) = match q.spec {
+        Some(spec) => {
+            let request: ImportRequest =
+                serde_json::from_str(&spec).map_err(|e| bad_request(format!("spec: {e}")))?;
+            let stream = body.into_data_stream().map_err(std::io::Error::other);
+            let reader = SyncIoBridge::new(StreamReader::new(stream));
+            (request, ImportSource::Archive(Box::new(reader)))
+        }
+        None => {
+            let bytes =
+                super::body::read_limited(body, super::ADMIN_BODY_LIMIT, "an import request")
+                    .await?;
+            let request: ImportRequest = serde_json::from_slice(&bytes).map_err(bad_request)?;
+            let credentials = match &request.registry_credential {
+                Some(name) => {
+                    let c = state
+                        .power
+                        .secrets()
+                        .credentials(name)
+                        .map_err(bad_request)?;
+                    Some(crate::image::oci::pull::Credentials {
+                        user: c.username,
+                        password: c.password,
+                    })
+                }
+                None => None,
+            };
+            (request, ImportSource::Registry(credentials))
+        }
+    };
+    let registry = state.registry.clone();
+    let actor = actor(&headers);
+    // Like a publish: an import that got its bytes finishes (or is refused) whole.
+    let outcome = state
+        .tasks
+        .spawn(async move { registry.import(request, source, &actor).await })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let status = if outcome.publish.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(outcome)).into_response())
+}

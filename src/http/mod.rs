@@ -113,6 +113,11 @@ fn admin_api(state: &AppState) -> Router<AppState> {
                 .layer(DefaultBodyLimit::disable())
                 .get(images::list),
         )
+        // An archive's size is bounded by `[images] max_import_bytes`, not a body cap.
+        .route(
+            "/images/import",
+            post(images::import).layer(DefaultBodyLimit::disable()),
+        )
         .route(
             "/images/{reference}",
             get(images::show).delete(images::remove),

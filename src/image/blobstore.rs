@@ -213,6 +213,39 @@ impl BlobStore {
     }
 }
 
+/// A temp file in the blob directory for a tool to write (mksquashfs, veritysetup):
+/// removed on drop unless `adopt`ed.
+#[derive(Debug)]
+pub struct ScratchBlob(TempPath);
+
+impl ScratchBlob {
+    pub fn path(&self) -> &Path {
+        self.0
+            .0
+            .as_deref()
+            .expect("a scratch blob has its path until adopted")
+    }
+}
+
+impl BlobStore {
+    /// A path for a blob a tool writes; nothing is created yet.
+    pub fn scratch(&self) -> ScratchBlob {
+        let name = format!("{TMP_PREFIX}{:016x}", rand::random::<u64>());
+        ScratchBlob(TempPath(Some(self.dir.join(name))))
+    }
+
+    /// The finished scratch file as a temp blob: hashed and fsynced.
+    pub fn adopt(&self, scratch: ScratchBlob) -> io::Result<TempBlob> {
+        let (digest, size) = hash_file(scratch.path())?;
+        File::open(scratch.path())?.sync_all()?;
+        Ok(TempBlob {
+            digest,
+            size,
+            guard: scratch.0,
+        })
+    }
+}
+
 impl TempBlobWriter {
     /// Flushes and fsyncs the file and returns it with its digest.
     pub fn finish(self) -> io::Result<TempBlob> {

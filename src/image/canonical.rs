@@ -2,8 +2,10 @@
 //!
 //! The canonical form is compact JSON, keys sorted, no whitespace:
 //! `{"artifacts":[{"digest":..,"path":..,"role":..,"size":..},..],"cmdline":..,
-//!   "name":..,"pins":{..},"schema":"bootfleet.image.v1","validation":{..},"version":..}`
-//! with artifacts in role order (kernel, initrds as listed, rootfs). Tar order, mtimes,
+//!   "name":..,"pins":{..},"rootfs":{..},"schema":"bootfleet.image.v1","validation":{..},
+//!   "version":..}`
+//! (`rootfs`, the `[rootfs]` section with the dm-verity root hash, only when the manifest
+//! has one, so images without it keep their digests) with artifacts in role order (kernel, initrds as listed, rootfs). Tar order, mtimes,
 //! owners, compression and TOML comments or layout do not enter it; any artifact byte,
 //! path, pin, the command line or a validation value does.
 
@@ -17,7 +19,7 @@ pub const SCHEMA: &str = "bootfleet.image.v1";
 pub fn canonical_form(manifest: &Manifest, artifacts: &[Artifact]) -> Vec<u8> {
     // serde_json::json! builds maps in key order only without `preserve_order`; sort
     // explicitly so a feature flag elsewhere in the tree cannot change image digests.
-    let value = sorted(serde_json::json!({
+    let mut value = serde_json::json!({
         "schema": SCHEMA,
         "name": manifest.name,
         "version": manifest.version,
@@ -25,7 +27,12 @@ pub fn canonical_form(manifest: &Manifest, artifacts: &[Artifact]) -> Vec<u8> {
         "artifacts": artifacts,
         "pins": manifest.pins,
         "validation": manifest.validation,
-    }));
+    });
+    // Only when present: images without one keep the digests they always had.
+    if let Some(rootfs) = &manifest.rootfs_spec {
+        value["rootfs"] = serde_json::to_value(rootfs).expect("plain data serialises");
+    }
+    let value = sorted(value);
     serde_json::to_vec(&value).expect("JSON values always serialise")
 }
 

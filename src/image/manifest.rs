@@ -27,6 +27,8 @@ struct StrictManifest {
     _pins: Pins,
     #[serde(default)]
     validation: ValidationSpec,
+    #[serde(rename = "rootfs")]
+    _rootfs: Option<IgnoredAny>,
 }
 
 /// `[pins]`: the versions the node must run, by the names the agent reports (an
@@ -44,6 +46,9 @@ struct Pins {
     /// The MLNX_OFED release.
     #[serde(rename = "ofed")]
     _ofed: Option<IgnoredAny>,
+    /// `/usr/local/cuda/version.json`'s CUDA version.
+    #[serde(rename = "cuda")]
+    _cuda: Option<IgnoredAny>,
 }
 
 /// `[validation]`: what "GPU Ready" means for this image. Every key is optional; the
@@ -78,6 +83,18 @@ struct RawManifest {
     pins: BTreeMap<String, String>,
     #[serde(default)]
     validation: toml::Table,
+    rootfs: Option<RootfsSpec>,
+}
+
+/// `[rootfs]`: how the `[boot] rootfs` blob is built and checked. An import writes it;
+/// with `verity`, nodes mount the root through dm-verity (two-stage boot).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RootfsSpec {
+    /// `squashfs`.
+    pub format: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verity: Option<crate::api::image::Verity>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -101,6 +118,8 @@ pub struct Manifest {
     pub rootfs: Option<String>,
     pub cmdline: String,
     pub pins: BTreeMap<String, String>,
+    /// `[rootfs]`: the rootfs blob's format and dm-verity parameters.
+    pub rootfs_spec: Option<RootfsSpec>,
     /// `[validation]` as written, as JSON (sorted keys), for the canonical form.
     pub validation: serde_json::Value,
     /// `[validation]`, typed: what the validator reads.
@@ -170,6 +189,24 @@ impl Manifest {
                 return Err(invalid(format!("artifact {p:?} is named twice in [boot]")));
             }
         }
+        if let Some(spec) = &raw.rootfs {
+            if rootfs.is_none() {
+                return Err(invalid(
+                    "[rootfs] describes a boot.rootfs, but none is named".into(),
+                ));
+            }
+            if spec.format != "squashfs" {
+                return Err(invalid(format!(
+                    "rootfs.format {:?}: only \"squashfs\" is booted",
+                    spec.format
+                )));
+            }
+            if let Some(verity) = &spec.verity {
+                verity
+                    .check()
+                    .map_err(|e| invalid(format!("rootfs.verity: {e}")))?;
+            }
+        }
         for (key, value) in &raw.pins {
             if key.is_empty() || value.trim().is_empty() {
                 return Err(invalid(format!(
@@ -185,6 +222,7 @@ impl Manifest {
             rootfs,
             cmdline: raw.boot.cmdline,
             pins: raw.pins,
+            rootfs_spec: raw.rootfs,
             validation,
             spec: strict.validation,
         })
@@ -325,9 +363,9 @@ gpu-model = "H100"
             (
                 base.replace(
                     "nvidia-driver = \"550.127.05\"",
-                    "nvidia-driver = \"550.127.05\"\ncuda = \"12.4\"",
+                    "nvidia-driver = \"550.127.05\"\ndcgm = \"3.3\"",
                 ),
-                "unknown field `cuda`",
+                "unknown field `dcgm`",
             ),
         ] {
             let e = err(&text);

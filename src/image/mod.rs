@@ -7,6 +7,8 @@ pub mod bundle_path;
 pub mod cache;
 pub mod canonical;
 pub mod exercise;
+pub mod import;
 pub mod manifest;
 pub mod objects;
+pub mod oci;
 pub mod tar_guard;

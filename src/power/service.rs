@@ -132,6 +132,11 @@ impl PowerService {
         }
     }
 
+    /// The secrets directory credentials are read from by name (BMCs, registries).
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
     pub fn settings(&self) -> &PowerSettings {
         &self.settings
     }

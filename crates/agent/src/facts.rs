@@ -33,7 +33,7 @@ pub struct SystemFacts {
     pub os_release: BTreeMap<String, String>,
     /// Loaded modules and their versions ("" when a module has none).
     pub modules: BTreeMap<String, String>,
-    /// Versions by the manifest's pin names: `nvidia-driver`, `ofed`.
+    /// Versions by the manifest's pin names: `nvidia-driver`, `ofed`, `cuda`.
     pub versions: BTreeMap<String, String>,
     pub ib_ports: Vec<IbPort>,
     pub nics: Vec<Nic>,
@@ -79,6 +79,12 @@ fn os_release(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// `{"cuda": {"version": "12.4.1"}}` in `/usr/local/cuda/version.json`.
+pub fn cuda_version(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    Some(v.get("cuda")?.get("version")?.as_str()?.to_string())
+}
+
 pub fn collect(root: &Path) -> SystemFacts {
     let mut modules = BTreeMap::new();
     for line in read(root, "proc/modules").unwrap_or_default().lines() {
@@ -96,6 +102,10 @@ pub fn collect(root: &Path) -> SystemFacts {
     // MLNX_OFED stamps its version on mlx5_core; inbox drivers have none.
     if let Some(v) = trimmed(root, "sys/module/mlx5_core/version").filter(|v| !v.is_empty()) {
         versions.insert("ofed".to_string(), v);
+    }
+    // The CUDA toolkit's own record of its version (what an image import pins).
+    if let Some(v) = read(root, "usr/local/cuda/version.json").and_then(|t| cuda_version(&t)) {
+        versions.insert("cuda".to_string(), v);
     }
     let mut ib_ports = Vec::new();
     for device in dir_names(root, "sys/class/infiniband") {
@@ -170,6 +180,10 @@ mod tests {
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 2024\n",
         );
         w("etc/os-release", "ID=debian\nVERSION_ID=\"12\"\n");
+        w(
+            "usr/local/cuda/version.json",
+            r#"{"cuda": {"name": "CUDA SDK", "version": "12.4.1"}}"#,
+        );
         w("sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
         w(
             "sys/class/infiniband/mlx5_0/ports/1/rate",
@@ -183,6 +197,7 @@ mod tests {
         assert_eq!(f.modules["nvidia"], "550.127.05");
         assert_eq!(f.versions["nvidia-driver"], "550.127.05");
         assert_eq!(f.versions["ofed"], "24.10-1.1.4");
+        assert_eq!(f.versions["cuda"], "12.4.1");
         assert_eq!(f.os_release["VERSION_ID"], "12");
         assert_eq!(f.ib_ports[0].state, "4: ACTIVE");
         assert_eq!(f.nics[0].speed_mbps, Some(100_000));

@@ -9,4 +9,5 @@ pub mod checks;
 pub mod facts;
 pub mod gpu;
 pub mod run;
+pub mod stage1;
 pub mod xid;

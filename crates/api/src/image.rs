@@ -140,3 +140,174 @@ pub struct GcReport {
     pub bytes_freed: u64,
     pub kept: usize,
 }
+
+/// The block size of every dm-verity tree bootfleet writes (data and hash blocks).
+pub const VERITY_BLOCK: u64 = 4096;
+
+/// A rootfs blob's dm-verity parameters: format 1, no superblock, 4096-byte blocks, the
+/// hash tree after the data in the same blob. Part of the manifest (`[rootfs.verity]`),
+/// hence of the image digest; stage 1 gets them on the kernel command line
+/// (`bootfleet.verity=`) and the node's kernel checks every block it reads against
+/// `root_hash`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Verity {
+    /// 64 hex digits.
+    pub root_hash: String,
+    /// Bytes of file-system data; the hash tree starts here.
+    pub hash_offset: u64,
+    pub data_blocks: u64,
+    /// The hash (`sha256`).
+    pub algorithm: String,
+    /// Hex, or `-` for none.
+    pub salt: String,
+}
+
+impl Verity {
+    /// Why these parameters cannot describe a bootfleet rootfs blob, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let hex = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if self.root_hash.len() != 64 || !hex(&self.root_hash) {
+            return Err("verity root-hash must be 64 lowercase hex digits".into());
+        }
+        if self.algorithm != "sha256" {
+            return Err(format!(
+                "verity algorithm {:?}: only sha256 is used",
+                self.algorithm
+            ));
+        }
+        if self.salt != "-"
+            && (self.salt.is_empty() || !self.salt.len().is_multiple_of(2) || !hex(&self.salt))
+        {
+            return Err("verity salt must be lowercase hex or \"-\"".into());
+        }
+        if self.data_blocks == 0
+            || self.data_blocks.checked_mul(VERITY_BLOCK) != Some(self.hash_offset)
+        {
+            return Err(format!(
+                "verity hash-offset must be data-blocks x {VERITY_BLOCK} (the tree follows the data)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `bootfleet.verity=`'s value: `ALGORITHM:ROOT_HASH:DATA_BLOCKS:HASH_OFFSET:SALT`.
+    pub fn kernel_arg(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}",
+            self.algorithm, self.root_hash, self.data_blocks, self.hash_offset, self.salt
+        )
+    }
+
+    pub fn parse_kernel_arg(value: &str) -> Option<Self> {
+        let mut parts = value.split(':');
+        let v = Self {
+            algorithm: parts.next()?.to_string(),
+            root_hash: parts.next()?.to_string(),
+            data_blocks: parts.next()?.parse().ok()?,
+            hash_offset: parts.next()?.parse().ok()?,
+            salt: parts.next()?.to_string(),
+        };
+        (parts.next().is_none() && v.check().is_ok()).then_some(v)
+    }
+}
+
+#[cfg(test)]
+mod verity_tests {
+    use super::*;
+
+    #[test]
+    fn kernel_arg_round_trips_and_is_checked() {
+        let v = Verity {
+            root_hash: "ab".repeat(32),
+            hash_offset: 8192,
+            data_blocks: 2,
+            algorithm: "sha256".into(),
+            salt: "-".into(),
+        };
+        assert_eq!(Verity::parse_kernel_arg(&v.kernel_arg()), Some(v.clone()));
+        assert!(Verity::parse_kernel_arg("sha256:xx:2:8192:-").is_none());
+        let bad = Verity {
+            hash_offset: 4096,
+            ..v
+        };
+        assert!(bad.check().unwrap_err().contains("hash-offset"));
+    }
+}
+
+/// `POST /api/v1/images/import`: an OCI image to import as a two-stage image. From a
+/// registry (`source` = `docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`, this as the JSON body),
+/// or from an archive in the body (an OCI layout as a tar, an `oci-archive` or a
+/// `docker-archive`; this as the `spec` query parameter, JSON).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    pub name: String,
+    pub version: String,
+    /// `name:tag` to point at the image once published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// A registry to pull from; absent when the body is the archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The image of an archive that holds several (its ref name or repo tag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// The kernel command line of the image (stage 1's own words are added at boot).
+    #[serde(default)]
+    pub cmdline: String,
+    /// Pins the content must agree with (the import adds what it finds).
+    #[serde(default)]
+    pub pins: std::collections::BTreeMap<String, String>,
+    /// `[validation]`, as in a manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<serde_json::Value>,
+    /// Keep character and block devices of the image.
+    #[serde(default)]
+    pub allow_devices: bool,
+    /// Add the server's bootfleet-agent and its enabled systemd unit to the root.
+    #[serde(default)]
+    pub install_agent: bool,
+    /// A registry login by name: a TOML file with `username` and `password` in the
+    /// server's secrets directory (as for BMCs), never sent over the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_credential: Option<String>,
+    /// Speak plain HTTP to the registry (a registry on a trusted local network).
+    #[serde(default)]
+    pub plain_http: bool,
+}
+
+/// What an import found in the image and built from it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImportReport {
+    pub kernel_release: String,
+    /// The image's pins: the admin's, and those read from the content.
+    pub pins: std::collections::BTreeMap<String, String>,
+    /// The pins the import added (found in the content, not given).
+    pub derived_pins: Vec<String>,
+    /// Bytes of the root's files.
+    pub root_bytes: u64,
+    /// Bytes of the rootfs blob (squashfs and its hash tree).
+    pub rootfs_bytes: u64,
+    pub verity_root_hash: String,
+    pub compressor: String,
+    /// Modules stage 1 loads, in order.
+    pub stage1_modules: Vec<String>,
+    /// Boot-NIC drivers the image's kernel lacks (neither module nor built in).
+    pub absent_network_drivers: Vec<String>,
+    pub layers: usize,
+    /// Files whose POSIX ACLs were dropped (squashfs cannot hold them).
+    #[serde(default)]
+    pub dropped_acls: u64,
+}
+
+/// The answer to an import: the publish's, and the import's report.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImportOutcome {
+    #[serde(flatten)]
+    pub publish: PublishOutcome,
+    pub import: ImportReport,
+}

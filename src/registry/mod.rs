@@ -1,5 +1,10 @@
-//! The image registry service: publish, resolve, tag, verify and collect garbage, over the
-//! blob store and the database. HTTP handlers call this; it knows nothing of HTTP.
+//! The image registry service: publish, import, resolve, tag, verify and collect
+//! garbage, over the blob store and the database. HTTP handlers call this; it knows
+//! nothing of HTTP.
+
+mod import;
+
+pub use import::ImportSource;
 
 use std::io::Read;
 use std::sync::Arc;
@@ -29,6 +34,10 @@ pub struct Registry {
     /// Publishes reading their bundle now (`[limits] max_concurrent_publishes`): each
     /// holds a blocking thread, so unbounded slow uploads would starve blob serving.
     publishing: Arc<tokio::sync::Semaphore>,
+    /// `[images]`: what imports may take and where stage 1's parts come from.
+    pub imports: Arc<crate::image::import::ImportSettings>,
+    /// Where imports stage their blobs (`<data-dir>/imports`), emptied at start.
+    pub imports_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,10 +56,18 @@ pub enum RegistryError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Objects(#[from] crate::image::objects::ObjectError),
+    #[error("import refused: {0}")]
+    Import(#[from] crate::image::import::ImportError),
 }
 
 impl Registry {
     pub fn new(store: Store, blobs: BlobStore, limits: BundleLimits) -> Self {
+        let imports_dir = blobs
+            .dir()
+            .parent()
+            .and_then(|p| p.parent())
+            .map(|data| data.join("imports"))
+            .unwrap_or_else(|| "imports".into());
         Self {
             store,
             blobs: Arc::new(blobs),
@@ -60,6 +77,8 @@ impl Registry {
             publishing: Arc::new(tokio::sync::Semaphore::new(
                 limits.max_concurrent_publishes.max(1),
             )),
+            imports: Arc::default(),
+            imports_dir,
         }
     }
 
@@ -113,6 +132,17 @@ impl Registry {
             .await
             .map_err(|e| std::io::Error::other(format!("bundle reader failed: {e}")))??;
         drop(reading);
+        self.publish_staged(staged, tag, actor).await
+    }
+
+    /// Publishes a checked image whose blobs wait as temp blobs (a bundle's, an import's):
+    /// refused before anything becomes visible, then blobs, then the row, then the tag.
+    pub async fn publish_staged(
+        &self,
+        staged: crate::image::bundle::StagedImage,
+        tag: Option<TagName>,
+        actor: &str,
+    ) -> Result<PublishOutcome, RegistryError> {
         let m = &staged.manifest;
         if let Some(t) = &tag
             && t.name != m.name
