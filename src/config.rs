@@ -38,6 +38,9 @@ pub struct FileConfig {
     pub tftp: TftpFileConfig,
     /// Boot-script templates overriding the built-in ones, file by file.
     pub templates_dir: Option<PathBuf>,
+    /// Per-node overlay files of two-stage images (`all/`, `label/KEY=VALUE/`; `.j2`
+    /// files are templates), added to the built-in hostname, machine-id and hosts.
+    pub overlay_dir: Option<PathBuf>,
     /// `[reimage]`: the disruption budget.
     #[serde(default)]
     pub reimage: crate::node::reimage::DisruptionBudget,
@@ -205,6 +208,7 @@ pub struct ServerConfig {
     pub ipxe_dir: PathBuf,
     pub tftp: crate::tftp::server::TftpSettings,
     pub templates_dir: Option<PathBuf>,
+    pub overlay_dir: Option<PathBuf>,
     pub budget: crate::node::reimage::DisruptionBudget,
     pub lifecycle: crate::node::policy::LifecyclePolicy,
     pub webhooks: Vec<crate::events::webhook::WebhookConfig>,
@@ -274,6 +278,7 @@ impl ServerConfig {
                 .or(file.tftp.ipxe_dir)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR)),
             templates_dir: over.templates_dir.or(file.templates_dir),
+            overlay_dir: file.overlay_dir,
             budget: file.reimage,
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,

@@ -51,6 +51,10 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
         None => crate::boot::script::BootTemplates::builtin(),
     };
+    let overlay = match &cfg.overlay_dir {
+        Some(dir) => crate::boot::overlay::Overlay::load(dir)?,
+        None => crate::boot::overlay::Overlay::default(),
+    };
     cfg.lifecycle.check().map_err(anyhow::Error::msg)?;
     let webhooks = cfg
         .webhooks
@@ -74,6 +78,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         store: store.clone(),
         registry: registry.clone(),
         templates,
+        overlay: std::sync::Arc::new(overlay),
         controller: controller.clone(),
         fetches: crate::node::service::fetches::FetchRecorder::start(store.clone()),
         reimage: crate::node::reimage::ReimageService {

@@ -61,8 +61,8 @@ export SOURCE_DATE_EPOCH=1796083200
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root (mmdebstrap --mode=root)"
-for tool in mmdebstrap tar gzip sha256sum flock; do
-  command -v "$tool" >/dev/null || die "missing $tool: apt-get install mmdebstrap tar gzip coreutils util-linux"
+for tool in mmdebstrap tar gzip sha256sum flock strip; do
+  command -v "$tool" >/dev/null || die "missing $tool: apt-get install mmdebstrap tar gzip coreutils util-linux binutils"
 done
 [ -f "$unit" ] || die "missing $unit"
 grep -qx 'WantedBy=multi-user.target' "$unit" || die "$unit: expected WantedBy=multi-user.target (enabled by hand below)"
@@ -247,7 +247,8 @@ else
   # The agent and its unit, enabled (what `systemctl enable` makes of WantedBy=).
   root="$work/root"
   cp -a "$base" "$root"
-  install -m 0755 "$agent" "$root/usr/local/bin/bootfleet-agent"
+  # Stripped, as images/demo does: a debug build of the agent is 100 MB.
+  strip --strip-all -o "$root/usr/local/bin/bootfleet-agent" "$agent" && chmod 0755 "$root/usr/local/bin/bootfleet-agent"
   install -m 0644 "$unit" "$root/etc/systemd/system/bootfleet-agent.service"
   mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
   ln -s /etc/systemd/system/bootfleet-agent.service "$root/etc/systemd/system/multi-user.target.wants/"

@@ -60,12 +60,34 @@ struct Args {
     /// Seconds the compute probe may take.
     #[arg(long, default_value_t = 300)]
     probe_timeout_secs: u64,
+    #[command(subcommand)]
+    stage: Option<Stage>,
+}
+
+/// The two steps of a two-stage boot's stage-1 initramfs (its /init runs them).
+#[derive(Debug, clap::Subcommand)]
+enum Stage {
+    /// Fetch the root named on the kernel command line (bootfleet.rootfs=, its size and
+    /// bootfleet.verity=), check its sha256, put it under dm-verity and print the device
+    /// to mount. On failure the boot fails attestation with the reason.
+    Stage1 {
+        /// Where the root's blob is kept (tmpfs: RAM).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Fetch this node's overlay files from the server and write them under DIR.
+    Stage1Overlay {
+        /// The new root (its writable layer takes the files).
+        #[arg(long)]
+        into: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let cmdline = std::fs::read_to_string(args.root.join("proc/cmdline")).unwrap_or_default();
     let p = boot_params::parse(&cmdline);
+    let root_blob = bootfleet_agent::stage1::root::RootBlob::from_params(&p);
     let missing = |what: &str| {
         eprintln!(
             "bootfleet-agent: no {what}: not on the kernel command line (bootfleet.{what}=) nor given as --{what}"
@@ -87,6 +109,7 @@ fn main() -> ExitCode {
     let Some(mac) = args.mac.and_then(|m| m.parse().ok()).or(p.mac) else {
         return missing("mac");
     };
+    let stage = args.stage;
     let gpus: Box<dyn GpuSource + Send + Sync> = match args.gpu_readings {
         Some(path) => Box::new(Recorded(path)),
         None => Box::new(Nvml),
@@ -121,6 +144,11 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime builds");
+    match stage {
+        Some(Stage::Stage1 { dir }) => return runtime.block_on(stage1(&agent, root_blob, &dir)),
+        Some(Stage::Stage1Overlay { into }) => return runtime.block_on(overlay(&agent, &into)),
+        None => {}
+    }
     match runtime.block_on(agent.run(args.once)) {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Reboot) if args.no_reboot => {
@@ -140,6 +168,66 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("bootfleet-agent: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `stage1`: the root fetched, verified and under dm-verity; its device on stdout.
+async fn stage1(
+    agent: &Agent,
+    blob: Result<bootfleet_agent::stage1::root::RootBlob, String>,
+    dir: &std::path::Path,
+) -> ExitCode {
+    use bootfleet_agent::stage1::root;
+    let outcome = async {
+        let blob = blob?;
+        // No overall timeout: a root of several GiB takes minutes; stalls are caught by
+        // the fetch's own stall timeout.
+        let client = reqwest::Client::builder()
+            .tls_certs_only(Vec::new())
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| e.to_string())?;
+        root::prepare(&client, &agent.server, &agent.boot, &blob, dir)
+            .await
+            .map_err(|e| e.to_string())
+    }
+    .await;
+    match outcome {
+        Ok(device) => {
+            println!("{}", device.display());
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("bootfleet stage 1: {why}");
+            // The server records where the boot stopped; the node never runs the image.
+            if let Err(e) = agent.attest_stage1_failure(why).await {
+                eprintln!("bootfleet stage 1: could not tell the server: {e}");
+            }
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `stage1-overlay`: this node's files from the server, written under `into`.
+async fn overlay(agent: &Agent, into: &std::path::Path) -> ExitCode {
+    match agent.overlay().await {
+        Ok(bytes) => match bootfleet_agent::stage1::overlay::apply(&bytes, into) {
+            Ok(files) => {
+                eprintln!(
+                    "bootfleet stage 1: overlay of {} files applied",
+                    files.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bootfleet stage 1: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Err(e) => {
+            eprintln!("bootfleet stage 1: overlay: {e}");
+            ExitCode::from(1)
         }
     }
 }

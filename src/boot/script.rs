@@ -63,6 +63,17 @@ pub struct ImageBoot {
     pub cmdline: String,
     /// `[validation] dcgm-level`: the agent runs DCGM diagnostics at this level.
     pub dcgm_level: Option<u64>,
+    /// A two-stage image's root: stage 1 fetches it by digest and mounts it through
+    /// dm-verity; the script loads only the kernel and stage 1.
+    pub rootfs: Option<RootfsBoot>,
+}
+
+/// What stage 1 needs of the root, on the kernel command line.
+#[derive(Debug, Clone, Serialize)]
+pub struct RootfsBoot {
+    pub digest: Digest,
+    pub size: u64,
+    pub verity: crate::api::image::Verity,
 }
 
 /// A node's boot: who, what, and the per-boot credentials that go on the command line.
@@ -169,6 +180,18 @@ impl BootTemplates {
                 .dcgm_level
                 .map(|l| format!("bootfleet.dcgm={l}"))
                 .unwrap_or_default(),
+            b.image
+                .rootfs
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        "bootfleet.rootfs={} bootfleet.rootfs_size={} bootfleet.verity={}",
+                        r.digest,
+                        r.size,
+                        r.verity.kernel_arg()
+                    )
+                })
+                .unwrap_or_default(),
         ]
         .into_iter()
         .filter(|s| !s.is_empty())
@@ -247,7 +270,40 @@ mod tests {
             ],
             cmdline: "console=ttyS0 quiet".into(),
             dcgm_level: None,
+            rootfs: None,
         }
+    }
+
+    #[test]
+    fn a_two_stage_image_names_its_root_for_stage_one() {
+        let mut image = image();
+        let verity = crate::api::image::Verity {
+            root_hash: "ab".repeat(32),
+            hash_offset: 8192,
+            data_blocks: 2,
+            algorithm: "sha256".into(),
+            salt: "-".into(),
+        };
+        image.rootfs = Some(RootfsBoot {
+            digest: Digest::of(b"root"),
+            size: 8704,
+            verity: verity.clone(),
+        });
+        let s = BootTemplates::builtin()
+            .node(&NodeBoot {
+                server: "http://10.0.0.1:8080",
+                mac: "52-54-00-12-34-56",
+                boot_id: "b-42",
+                token: "secret-token",
+                image: &image,
+            })
+            .unwrap();
+        let words = format!(
+            "bootfleet.rootfs={} bootfleet.rootfs_size=8704 bootfleet.verity={}",
+            Digest::of(b"root"),
+            verity.kernel_arg()
+        );
+        assert!(s.contains(&words), "{s}");
     }
 
     fn node_script(t: &BootTemplates) -> String {

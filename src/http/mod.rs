@@ -98,6 +98,7 @@ fn boot_routes() -> Router<AppState> {
         .route("/boot.ipxe", get(nodes::entry))
         .route("/ipxe/{*name}", get(ipxe::get))
         .route("/boot/node.ipxe", get(nodes::node_script))
+        .route("/boot/overlay", get(nodes::overlay))
         .route("/api/v1/agent/attest", post(nodes::attest))
         .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
         .route("/api/v1/agent/validate", post(nodes::validate))

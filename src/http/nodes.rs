@@ -253,6 +253,24 @@ fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {
     }
 }
 
+/// `GET /boot/overlay`: a two-stage boot's per-node files, for stage 1 (boot token).
+pub async fn overlay(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let caller = state
+        .nodes
+        .caller(boot_token(&headers)?)
+        .await
+        .map_err(agent_error)?;
+    let tar = state.nodes.overlay(&caller).await.map_err(agent_error)?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-tar")],
+        tar,
+    )
+        .into_response())
+}
+
 /// `POST /api/v1/agent/heartbeat`: the answer carries the node's next action.
 pub async fn heartbeat(
     State(state): State<AppState>,

@@ -246,6 +246,16 @@ impl BlobStore {
     }
 }
 
+impl TempBlob {
+    /// Where the temp blob lies until it is committed.
+    pub fn path(&self) -> &Path {
+        self.guard
+            .0
+            .as_deref()
+            .expect("a temp blob has its path until committed")
+    }
+}
+
 impl TempBlobWriter {
     /// Flushes and fsyncs the file and returns it with its digest.
     pub fn finish(self) -> io::Result<TempBlob> {

@@ -270,6 +270,48 @@ fn read_archive(
     Ok(collected)
 }
 
+/// A bundle whose `[rootfs.verity]` names a root hash must carry the hash tree that
+/// proves it: checked now (in user space, by veritysetup), or a node would only find
+/// out when its reads fail.
+fn check_verity(
+    manifest: &Manifest,
+    artifacts: &[Artifact],
+    temps: &[TempBlob],
+) -> Result<(), BundleError> {
+    let Some(verity) = manifest
+        .rootfs_spec
+        .as_ref()
+        .and_then(|r| r.verity.as_ref())
+    else {
+        return Ok(());
+    };
+    let Some((artifact, temp)) = artifacts
+        .iter()
+        .zip(temps)
+        .find(|(a, _)| a.role == crate::api::image::Role::Rootfs)
+    else {
+        return Ok(());
+    };
+    let refuse = |reason: String| BundleError::Entry {
+        path: artifact.path.clone(),
+        reason,
+    };
+    if verity.hash_offset >= artifact.size {
+        return Err(refuse(format!(
+            "rootfs.verity puts the hash tree at byte {}, past the blob's {} bytes",
+            verity.hash_offset, artifact.size
+        )));
+    }
+    match super::import::squashfs::verity_verify(temp.path(), verity) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(refuse(format!(
+            "its dm-verity tree does not prove rootfs.verity root-hash {}",
+            verity.root_hash
+        ))),
+        Err(e) => Err(BundleError::Storage(e)),
+    }
+}
+
 /// `io::copy` moves 8 KiB at a time: 131,072 write calls per GiB. 1 MiB chunks cut the
 /// system calls 128-fold, which is most of what separates a publish from `sha256sum`.
 const COPY_CHUNK: usize = 1 << 20;
@@ -327,6 +369,7 @@ impl Collected {
         if let Some(extra) = self.files.keys().next() {
             return Err(BundleError::Unreferenced(extra.clone()));
         }
+        check_verity(&manifest, &artifacts, &temps)?;
         let canonical = canonical_form(&manifest, &artifacts);
         let digest = image_digest(&canonical);
         Ok(StagedImage {

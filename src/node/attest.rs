@@ -23,6 +23,9 @@ pub struct Expected<'a> {
     pub other_sizes: &'a [(String, Digest, u64)],
     /// What this boot's downloads carried, per digest.
     pub received: &'a BTreeMap<Digest, Received>,
+    /// The root hash the image's rootfs is verified against (`[rootfs.verity]`): the
+    /// node's root must be read through dm-verity with exactly it.
+    pub verity_root_hash: Option<&'a str>,
 }
 
 /// What one boot's downloads of one blob carried.
@@ -94,6 +97,23 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
         expected.image_digest.to_string(),
         report.image_digest.to_string(),
     );
+    if let Some(why) = &report.stage1_failure {
+        check(
+            "stage1",
+            "the root fetched, verified and mounted".into(),
+            why.clone(),
+        );
+    }
+    if let Some(root) = expected.verity_root_hash {
+        check(
+            "rootfs.verity",
+            root.to_string(),
+            report
+                .verity_root_hash
+                .clone()
+                .unwrap_or_else(|| "(the root is not on dm-verity)".into()),
+        );
+    }
     let words: BTreeSet<&str> = report.cmdline.split_whitespace().collect();
     for word in expected.cmdline.split_whitespace() {
         if !words.contains(word) {
@@ -207,6 +227,8 @@ mod tests {
             versions: BTreeMap::from([("nvidia-driver".to_string(), "550.127.05".to_string())]),
             artifacts: vec![Digest::of(b"k"), Digest::of(b"i")],
             modules: BTreeMap::new(),
+            verity_root_hash: None,
+            stage1_failure: None,
         }
     }
 
@@ -251,6 +273,7 @@ mod tests {
                 delivered_by_script: &by_script,
                 other_sizes: &[],
                 received,
+                verity_root_hash: None,
             },
         )
     }
@@ -332,5 +355,39 @@ mod tests {
             r.artifacts.pop();
         });
         check(|r| r.artifacts.push(Digest::of(b"extra")), &["artifacts"]);
+        check(
+            |r| r.stage1_failure = Some("rootfs hashes to sha256:00".into()),
+            &["stage1"],
+        );
+    }
+
+    #[test]
+    fn a_verified_root_must_run_on_its_root_hash() {
+        let judge_with = |found: Option<&str>| {
+            let mut r = report();
+            r.verity_root_hash = found.map(String::from);
+            let pins = pins();
+            let artifacts = [Digest::of(b"k"), Digest::of(b"i")];
+            let got = received();
+            judge(
+                &r,
+                &Expected {
+                    image_digest: Digest::of(b"image"),
+                    boot_id: "b1",
+                    cmdline: "console=ttyS0 quiet",
+                    pins: &pins,
+                    artifacts: &artifacts,
+                    delivered_by_script: &[],
+                    other_sizes: &[],
+                    received: &got,
+                    verity_root_hash: Some("ab12"),
+                },
+            )
+        };
+        assert!(judge_with(Some("ab12")).passed);
+        for found in [Some("cd34"), None] {
+            let v = judge_with(found);
+            assert_eq!(fields(&v), ["rootfs.verity"], "{v:?}");
+        }
     }
 }

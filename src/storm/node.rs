@@ -245,6 +245,8 @@ async fn run(
             versions: b.versions.clone(),
             artifacts: Vec::new(),
             modules: BTreeMap::new(),
+            verity_root_hash: None,
+            stage1_failure: None,
         },
     };
     let verdict: Verdict = agent

@@ -117,6 +117,42 @@ fn the_systemd_unit_verifies() {
     );
 }
 
+/// The node agent's unit (installed into imported images, or by an image's Containerfile)
+/// verifies, runs the agent on bootfleet's boots only, after the network, restarting on
+/// failure; it is the one the import embeds.
+#[test]
+fn the_agent_unit_verifies() {
+    let path = root().join("deploy/systemd/bootfleet-agent.service");
+    let unit = std::fs::read_to_string(&path).unwrap();
+    for needed in [
+        "\nExecStart=/usr/local/bin/bootfleet-agent\n",
+        "\nConditionKernelCommandLine=bootfleet.server\n",
+        "\nAfter=network-online.target\n",
+        "\nRestart=on-failure\n",
+        "\nWantedBy=multi-user.target\n",
+    ] {
+        assert!(unit.contains(needed), "the agent unit has {needed:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("bootfleet-agent.service");
+    let built = format!("\nExecStart={}\n", env!("CARGO_BIN_EXE_bootfleet-agent"));
+    std::fs::write(
+        &copy,
+        unit.replace("\nExecStart=/usr/local/bin/bootfleet-agent\n", &built),
+    )
+    .unwrap();
+    let out = tool("systemd-analyze", "systemd")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("run systemd-analyze");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify: {stderr}"
+    );
+}
+
 /// The manifest has a Namespace, a ConfigMap and a DaemonSet on the host network of the
 /// boot-segment nodes, with /healthz and /readyz probes, the low-port capability, the
 /// systemd unit's command line and only declared volumes mounted.

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::harness::*;
 
-fn sh(cmd: &str) {
+pub(crate) fn sh(cmd: &str) {
     let out = Command::new("bash").args(["-c", cmd]).output().unwrap();
     assert!(
         out.status.success(),
@@ -25,7 +25,7 @@ fn sh(cmd: &str) {
     );
 }
 
-fn require() {
+pub(crate) fn require() {
     let ok = |c: &str| {
         Command::new("bash")
             .args(["-c", c])
@@ -81,7 +81,7 @@ async fn lab(n: u32, mode: bootfleet::dhcp::decide::Mode) -> (Segment, TestServe
 }
 
 /// As `lab`, with `[dhcp] chainload` set and `extra` settings.
-async fn lab_with(
+pub(crate) async fn lab_with(
     n: u32,
     mode: bootfleet::dhcp::decide::Mode,
     chainload: bootfleet::dhcp::chain::ChainPolicy,
@@ -138,7 +138,7 @@ async fn roll_out(server: &TestServer, dir: &Path, mac: &str, reason: &str) -> V
     image
 }
 
-fn segment_number(salt: u32) -> u32 {
+pub(crate) fn segment_number(salt: u32) -> u32 {
     40 + (std::process::id() * 5 + salt) % 160
 }
 
@@ -151,10 +151,12 @@ fn bundle(dir: &Path) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-struct Segment {
+pub(crate) struct Segment {
     bridge: String,
     tap: String,
-    vm: Option<Child>,
+    /// The VM's memory, MiB (a two-stage image holds its root in RAM).
+    pub(crate) memory_mb: u32,
+    pub(crate) vm: Option<Child>,
     /// Namespaces hanging off the bridge (a site DHCP server), removed on drop.
     namespaces: Vec<String>,
     children: Vec<Child>,
@@ -171,6 +173,7 @@ impl Segment {
         Self {
             bridge,
             tap,
+            memory_mb: 512,
             vm: None,
             namespaces: vec![],
             children: vec![],
@@ -206,7 +209,7 @@ impl Segment {
                 "-machine",
                 "q35,accel=tcg",
                 "-m",
-                "512",
+                &self.memory_mb.to_string(),
                 "-nographic",
                 "-monitor",
                 "none",
@@ -244,11 +247,12 @@ impl Segment {
     fn bios_vm_args(&self, mac: &str, log: &Path) -> Vec<String> {
         let sercon = log.with_extension("sercon");
         std::fs::write(&sercon, 0x3f8u16.to_le_bytes()).unwrap();
+        let memory = self.memory_mb.to_string();
         [
             "-machine",
             "q35,accel=tcg",
             "-m",
-            "512",
+            &memory,
             "-nographic",
             "-monitor",
             "none",
@@ -302,7 +306,7 @@ impl Drop for Segment {
 }
 
 /// Polls the node until `done` holds (or panics with the serial log after `limit`).
-async fn wait_for(
+pub(crate) async fn wait_for(
     server: &TestServer,
     mac: &str,
     log: &Path,
@@ -330,7 +334,7 @@ async fn wait_for(
 
 /// The firmware a VM boots with.
 #[derive(Clone, Copy)]
-enum Firmware {
+pub(crate) enum Firmware {
     /// SeaBIOS with QEMU's iPXE ROM.
     Bios,
     /// OVMF (a fresh copy of its variables per VM).
@@ -338,23 +342,23 @@ enum Firmware {
 }
 
 /// A powered-on VM's serial console and when it was powered on.
-struct Vm {
-    logs: tempfile::TempDir,
-    powered: Instant,
+pub(crate) struct Vm {
+    pub(crate) logs: tempfile::TempDir,
+    pub(crate) powered: Instant,
 }
 
 impl Vm {
-    fn log(&self) -> PathBuf {
+    pub(crate) fn log(&self) -> PathBuf {
         self.logs.path().join("serial.log")
     }
 
-    fn serial(&self) -> String {
+    pub(crate) fn serial(&self) -> String {
         std::fs::read_to_string(self.log()).unwrap_or_default()
     }
 }
 
 /// Powers `mac` on with `firmware` and waits until `done` holds (see `wait_for`).
-async fn boot_until(
+pub(crate) async fn boot_until(
     segment: &mut Segment,
     server: &TestServer,
     mac: &str,

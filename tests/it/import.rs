@@ -558,3 +558,51 @@ async fn a_truncated_blob_from_the_registry_is_refused() {
     assert_nothing_left(&s).await;
     s.stop().await;
 }
+
+/// A bundle that claims a verity root hash must carry the tree that proves it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bundle_rootfs_must_prove_its_verity_root_hash() {
+    let s = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = dir.path().join("rootfs.squashfs");
+    std::fs::write(&rootfs, crate::harness::noise(8 * 4096, 7)).unwrap();
+    let out = run(Command::new("veritysetup")
+        .args([
+            "format",
+            "--no-superblock",
+            "--salt=-",
+            "--data-blocks=8",
+            "--hash-offset=32768",
+        ])
+        .arg(&rootfs)
+        .arg(&rootfs));
+    let root = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Root hash:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let bundle = |root_hash: &str| {
+        let manifest = format!(
+            "name = \"verity\"\nversion = \"{}\"\n[boot]\nkernel = \"vmlinuz\"\ninitrds = [\"initrd.img\"]\nrootfs = \"rootfs.squashfs\"\n\
+             [rootfs]\nformat = \"squashfs\"\n[rootfs.verity]\nroot-hash = \"{root_hash}\"\nhash-offset = 32768\ndata-blocks = 8\nalgorithm = \"sha256\"\nsalt = \"-\"\n",
+            &root_hash[..8]
+        );
+        crate::harness::tar_of(&[
+            crate::harness::file("manifest.toml", manifest.as_bytes()),
+            crate::harness::file("vmlinuz", b"kernel"),
+            crate::harness::file("initrd.img", b"initrd"),
+            crate::harness::file("rootfs.squashfs", &std::fs::read(&rootfs).unwrap()),
+        ])
+    };
+    let (status, out) = s.publish(bundle(&"0".repeat(64))).await;
+    assert_eq!(status, 400, "{out}");
+    assert!(
+        out["error"].as_str().unwrap().contains("does not prove"),
+        "{out}"
+    );
+    s.assert_empty().await;
+    let (status, out) = s.publish(bundle(&root)).await;
+    assert_eq!(status, 201, "{out}");
+    s.stop().await;
+}

@@ -29,3 +29,4 @@ mod store;
 mod storm;
 mod tftp;
 mod tidy;
+mod two_stage;

@@ -1,5 +1,7 @@
 //! The boot's parameters on the kernel command line, as the boot script put them there:
-//! `bootfleet.server=`, `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`.
+//! `bootfleet.server=`, `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`, and for
+//! a two-stage boot the root's `bootfleet.rootfs=`, `bootfleet.rootfs_size=` and
+//! `bootfleet.verity=`.
 
 use bootfleet_api::Digest;
 
@@ -13,6 +15,10 @@ pub struct BootParams {
     pub mac: Option<bootfleet_api::Mac>,
     /// DCGM diagnostics level the image asks for.
     pub dcgm: Option<u64>,
+    /// Two-stage boot: the rootfs blob stage 1 fetches, its size and its verity tree.
+    pub rootfs: Option<Digest>,
+    pub rootfs_size: Option<u64>,
+    pub verity: Option<bootfleet_api::image::Verity>,
 }
 
 pub fn parse(cmdline: &str) -> BootParams {
@@ -28,6 +34,9 @@ pub fn parse(cmdline: &str) -> BootParams {
             "bootfleet.image" => p.image = value.parse().ok(),
             "bootfleet.mac" => p.mac = value.parse().ok(),
             "bootfleet.dcgm" => p.dcgm = value.parse().ok(),
+            "bootfleet.rootfs" => p.rootfs = value.parse().ok(),
+            "bootfleet.rootfs_size" => p.rootfs_size = value.parse().ok(),
+            "bootfleet.verity" => p.verity = bootfleet_api::image::Verity::parse_kernel_arg(value),
             _ => {}
         }
     }
@@ -53,5 +62,13 @@ mod tests {
             Some("52:54:00:12:34:56")
         );
         assert_eq!(parse("quiet"), BootParams::default());
+        let root = Digest::of(b"root");
+        let verity = format!("sha256:{}:2:8192:-", "ab".repeat(32));
+        let p = parse(&format!(
+            "bootfleet.rootfs={root} bootfleet.rootfs_size=16384 bootfleet.verity={verity}"
+        ));
+        assert_eq!(p.rootfs, Some(root));
+        assert_eq!(p.rootfs_size, Some(16384));
+        assert_eq!(p.verity.map(|v| v.kernel_arg()), Some(verity));
     }
 }

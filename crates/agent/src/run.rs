@@ -92,6 +92,60 @@ impl Agent {
     /// Ok(passed): a failed verdict is not an error here, since the node stays in touch
     /// (heartbeats) for the server to order its reboot.
     pub async fn attest(&self) -> Result<bool, String> {
+        // The dm table is the kernel's, not a file under `root`: read only on a real node.
+        let verity = if self.root == std::path::Path::new("/") {
+            super::stage1::root::booted_root_hash()
+        } else {
+            None
+        };
+        self.attest_with(verity, None).await
+    }
+
+    /// This node's overlay (a tar the server renders for it), retried like every call.
+    pub async fn overlay(&self) -> Result<Vec<u8>, String> {
+        let url = format!(
+            "{}/boot/overlay?boot={}",
+            self.server.trim_end_matches('/'),
+            self.boot
+        );
+        let mut wait = FIRST_RETRY;
+        for _ in 0..8 {
+            match self.http.get(&url).bearer_auth(&self.token).send().await {
+                Ok(r) if r.status().is_success() => {
+                    let bytes = r.bytes().await.map_err(|e| e.to_string())?;
+                    if bytes.len() as u64 > super::stage1::overlay::MAX_OVERLAY_BYTES {
+                        return Err(format!(
+                            "the overlay is {} bytes, over the limit",
+                            bytes.len()
+                        ));
+                    }
+                    return Ok(bytes.to_vec());
+                }
+                Ok(r) if r.status().is_client_error() && r.status() != 429 => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    return Err(format!("refused ({status}): {text}"));
+                }
+                Ok(r) => eprintln!("bootfleet-agent: overlay: {}; retrying", r.status()),
+                Err(e) => eprintln!("bootfleet-agent: overlay: {e}; retrying"),
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_RETRY);
+        }
+        Err("the server did not answer".into())
+    }
+
+    /// Stage 1 could not bring the root up: the boot fails attestation with `why`, so
+    /// the server sees where it stopped and applies its failure policy.
+    pub async fn attest_stage1_failure(&self, why: String) -> Result<bool, String> {
+        self.attest_with(None, Some(why)).await
+    }
+
+    async fn attest_with(
+        &self,
+        verity_root_hash: Option<String>,
+        stage1_failure: Option<String>,
+    ) -> Result<bool, String> {
         let f = self.facts();
         let body = AttestRequest {
             boot_id: self.boot.clone(),
@@ -103,6 +157,8 @@ impl Agent {
                 versions: f.versions,
                 artifacts: Vec::new(),
                 modules: f.modules,
+                verity_root_hash,
+                stage1_failure,
             },
         };
         let (status, answer) = self.post("/api/v1/agent/attest", &body).await;

@@ -38,6 +38,15 @@ pub struct AttestReport {
     /// that drift is measured against.
     #[serde(default)]
     pub modules: BTreeMap<String, String>,
+    /// The dm-verity root hash of the device the root file system is read through (a
+    /// two-stage boot's `bootfleet-root`), as the kernel's table says; absent when the
+    /// root is not on dm-verity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verity_root_hash: Option<String>,
+    /// Set by stage 1 alone, when it could not fetch, verify or mount the root: why. The
+    /// boot then fails attestation with this reason and never runs the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage1_failure: Option<String>,
 }
 
 /// One difference between what the boot was given and what the node reported.

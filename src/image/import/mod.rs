@@ -334,12 +334,13 @@ fn blob_of(blobs: &BlobStore, bytes: &[u8]) -> io::Result<TempBlob> {
 
 /// A layer of the agent and its enabled unit, added on top of the image's own.
 fn agent_layer(staging: &mut Staging, agent: &std::path::Path) -> Result<LayerBlob, ImportError> {
-    let agent = std::fs::read(agent).map_err(|e| {
+    std::fs::metadata(agent).map_err(|e| {
         ImportError::Refused(format!(
             "installing the agent needs its binary at {} ({e}); set [images] agent",
             agent.display()
         ))
     })?;
+    let agent = stage1::stripped(agent)?;
     let mut tar = tar::Builder::new(Vec::new());
     let mut add = |path: &str, mode: u32, bytes: &[u8]| -> io::Result<()> {
         let mut h = tar::Header::new_gnu();

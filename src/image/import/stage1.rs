@@ -161,6 +161,27 @@ enum Node<'a> {
     File(u32, &'a [u8]),
 }
 
+/// `binary` without its symbols and debug information (`strip`, binutils): a debug build
+/// of the agent is 100 MB, stripped a fraction of it, and iPXE moves every byte.
+pub fn stripped(binary: &Path) -> io::Result<Vec<u8>> {
+    let out = std::env::temp_dir().join(format!("bootfleet-strip-{:016x}", rand::random::<u64>()));
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&out)
+        .arg(binary)
+        .status();
+    let result = match status {
+        Ok(s) if s.success() => std::fs::read(&out),
+        Ok(s) => Err(io::Error::other(format!("strip {}: {s}", binary.display()))),
+        Err(e) => Err(io::Error::other(format!(
+            "strip (binutils) is needed to build stage 1: {e}"
+        ))),
+    };
+    let _ = std::fs::remove_file(&out);
+    result
+}
+
 /// The shared libraries a binary needs, from `ldd` (none for a static binary).
 fn shared_libraries(binary: &Path) -> io::Result<Vec<PathBuf>> {
     let output = Command::new("ldd")
@@ -249,7 +270,11 @@ mount -t overlay overlay \
   -o lowerdir=/run/bootfleet/lower,upperdir=/run/bootfleet/rw/upper,workdir=/run/bootfleet/rw/work /newroot \
   || stop "the overlay did not mount"
 /bin/bootfleet-agent stage1-overlay --into /newroot || stop "the per-node overlay could not be applied"
-[ -x /newroot/sbin/init ] || stop "the image has no /sbin/init"
+# /sbin/init is a link in most images (merged /usr, into systemd): check where it lands
+# inside the new root, not in this initramfs.
+[ -x "/newroot$(readlink -f /newroot/sbin/init | sed 's|^/newroot||')" ] ||
+  [ -x "/newroot$(chroot /newroot readlink -f /sbin/init 2>/dev/null)" ] ||
+  stop "the image has no /sbin/init"
 kill "$(cat /run/bootfleet/udhcpc.pid)" 2>/dev/null
 echo "bootfleet stage 1: switching to the image's root"
 mount --move /run /newroot/run

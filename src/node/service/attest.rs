@@ -56,6 +56,13 @@ pub struct Caller {
     boot: crate::store::BootForAttest,
 }
 
+impl Caller {
+    /// The boot the caller's token belongs to.
+    pub fn boot(&self) -> &crate::store::BootForAttest {
+        &self.boot
+    }
+}
+
 static UNKNOWN_TOKENS: crate::node::sampled::Sampled =
     crate::node::sampled::Sampled::new("agent calls refused: boot token unknown");
 
@@ -219,6 +226,12 @@ impl NodeService {
                 delivered_by_script: &by_script,
                 other_sizes: &others,
                 received: &received,
+                verity_root_hash: image
+                    .manifest
+                    .rootfs_spec
+                    .as_ref()
+                    .and_then(|r| r.verity.as_ref())
+                    .map(|v| v.root_hash.as_str()),
             },
         );
         let json = serde_json::to_string(&verdict).expect("verdict serialises");

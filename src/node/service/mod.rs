@@ -8,6 +8,7 @@ pub mod admin;
 pub mod attest;
 pub mod fetches;
 pub mod heartbeat;
+pub mod overlay;
 pub mod timeline;
 pub mod validate;
 
@@ -45,6 +46,8 @@ pub struct NodeService {
     pub store: crate::store::Store,
     pub registry: Registry,
     pub templates: BootTemplates,
+    /// The operator's per-node overlay files (two-stage images).
+    pub overlay: Arc<crate::boot::overlay::Overlay>,
     pub controller: NodeController,
     pub fetches: fetches::FetchRecorder,
     pub reimage: crate::node::reimage::ReimageService,
@@ -258,6 +261,22 @@ impl NodeService {
             initrds,
             cmdline: image.manifest.cmdline.clone(),
             dcgm_level: image.manifest.spec.dcgm_level,
+            rootfs: rootfs_boot(&image),
         }))
     }
+}
+
+/// A two-stage image's root for its script: the rootfs blob and its verity parameters.
+fn rootfs_boot(image: &CachedImage) -> Option<crate::boot::script::RootfsBoot> {
+    let verity = image.manifest.rootfs_spec.as_ref()?.verity.clone()?;
+    let blob = image
+        .record
+        .artifacts
+        .iter()
+        .find(|a| a.role == Role::Rootfs)?;
+    Some(crate::boot::script::RootfsBoot {
+        digest: blob.digest,
+        size: blob.size,
+        verity,
+    })
 }

@@ -79,13 +79,12 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
         push(&mut steps, s.step, s.at_ms, s.outcome);
     }
     push(&mut steps, "script".into(), boot.created_at_ms, "ok".into());
-    let delivered = artifacts
-        .iter()
-        .filter(|a| matches!(a.role, Role::Kernel | Role::Initrd));
-    for artifact in delivered {
+    // A two-stage image's root comes last: stage 1 fetches it after the kernel boots.
+    for artifact in artifacts {
         let name = match artifact.role {
             Role::Kernel => "kernel".to_string(),
-            _ => format!("initrd {}", artifact.path.rsplit('/').next().unwrap_or("")),
+            Role::Initrd => format!("initrd {}", artifact.path.rsplit('/').next().unwrap_or("")),
+            Role::Rootfs => "stage1 rootfs".to_string(),
         };
         let mine: Vec<_> = boot
             .fetches
@@ -98,6 +97,9 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
         let (bytes, whole) = (got.bytes, got.complete(artifact.size));
         let end = mine.iter().filter_map(|f| f.finished_at_ms).max();
         match (whole, end) {
+            (true, Some(end)) if artifact.role == Role::Rootfs => {
+                push(&mut steps, name, end, format!("ok ({bytes} bytes)"))
+            }
             (true, Some(end)) => push(&mut steps, name, end, "ok".into()),
             _ => {
                 if stopped_at.is_none() {
@@ -117,6 +119,29 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
             .and_then(|p| p.as_bool())
             == Some(true)
     };
+    // A failed step says why: the verdict's mismatches, named (a stage-1 failure, a
+    // wrong root hash, a pin).
+    let failed = |v: &Option<serde_json::Value>| {
+        let named: Vec<String> = v
+            .as_ref()
+            .and_then(|v| v.get("mismatches"))
+            .and_then(|m| m.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                Some(format!(
+                    "{}: {}",
+                    m.get("field")?.as_str()?,
+                    m.get("found")?.as_str()?
+                ))
+            })
+            .collect();
+        if named.is_empty() {
+            "failed".to_string()
+        } else {
+            format!("failed: {}", named.join("; "))
+        }
+    };
     let judged = [
         ("attested", boot.attested_at_ms, &boot.verdict),
         ("validated", boot.validated_at_ms, &boot.validation),
@@ -129,7 +154,7 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
                     &mut steps,
                     name.into(),
                     at,
-                    if ok { "ok".into() } else { "failed".into() },
+                    if ok { "ok".into() } else { failed(verdict) },
                 );
                 if !ok && stopped_at.is_none() {
                     stopped_at = Some(name.into());

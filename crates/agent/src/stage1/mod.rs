@@ -7,6 +7,8 @@
 
 pub mod dm;
 pub mod fetch;
+pub mod overlay;
+pub mod root;
 
 use std::fmt;
 use std::io;
@@ -128,7 +130,11 @@ impl std::error::Error for Stage1Error {
 }
 
 impl Stage1Error {
-    fn io(action: impl Into<String>, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(
+        action: impl Into<String>,
+        path: impl Into<PathBuf>,
+        source: io::Error,
+    ) -> Self {
         Self::Io {
             action: action.into(),
             path: path.into(),
