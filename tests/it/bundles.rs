@@ -263,7 +263,7 @@ async fn validation_and_pins_follow_their_schema() {
             "nvidia_driver",
             "unknown field `nvidia_driver`",
         ),
-        ("nvidia-driver", "cuda", "unknown field `cuda`"),
+        ("nvidia-driver", "dcgm", "unknown field `dcgm`"),
     ] {
         let mut entries = good_entries("n", "1", b"kernel");
         let text = manifest("n", "1").replace(from, to);
