@@ -96,3 +96,45 @@ start_postgres() {
   "${as[@]}" "$bin/psql" -h "$1" -U postgres -qc 'CREATE DATABASE bootfleet' postgres
   PG_URL="postgres://postgres@localhost/bootfleet?host=$1"
 }
+
+# debian_plus_layer OUT WORK DIR...: an OCI layout at OUT named "bench": the pinned Debian
+# root of images/debian/build.sh (with the release agent), then one more gzip layer of
+# the host's DIRs (relative to /) under opt/bench/, as a GPU image's libraries would be.
+debian_plus_layer() {
+  local out=$1 work=$2
+  shift 2
+  images/debian/build.sh "$work/debian" "$PWD/target/release/bootfleet-agent" >/dev/null
+  mkdir -p "$out/blobs/sha256"
+  cp "$work/debian"/blobs/sha256/* "$out/blobs/sha256/"
+  tar -C / --sort=name --numeric-owner --transform 's,^usr/lib,opt/bench,' \
+    -cf "$work/extra.tar" "$@" 2>/dev/null || true
+  local diff blob
+  diff=$(sha256sum "$work/extra.tar" | cut -d' ' -f1)
+  gzip -n -1 -c "$work/extra.tar" >"$work/extra.tar.gz"
+  blob=$(sha256sum "$work/extra.tar.gz" | cut -d' ' -f1)
+  mv "$work/extra.tar.gz" "$out/blobs/sha256/$blob"
+  rm -f "$work/extra.tar"
+  python3 - "$work/debian" "$out" "$diff" "$blob" <<'PY'
+import hashlib, json, os, sys
+src, out, extra_diff, extra_blob = sys.argv[1:]
+blobs = os.path.join(out, "blobs", "sha256")
+def blob(digest): return os.path.join(src, "blobs", "sha256", digest.split(":")[1])
+index = json.load(open(os.path.join(src, "index.json")))
+manifest = json.load(open(blob(index["manifests"][0]["digest"])))
+config = json.load(open(blob(manifest["config"]["digest"])))
+config["rootfs"]["diff_ids"].append("sha256:" + extra_diff)
+def put(doc):
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    open(os.path.join(blobs, digest), "wb").write(data)
+    return {"digest": "sha256:" + digest, "size": len(data)}
+manifest["config"].update(put(config))
+manifest["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+    "digest": "sha256:" + extra_blob, "size": os.path.getsize(os.path.join(blobs, extra_blob))})
+m = put(manifest)
+json.dump({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+    **m, "annotations": {"org.opencontainers.image.ref.name": "bench"}}]}, open(os.path.join(out, "index.json"), "w"))
+open(os.path.join(out, "oci-layout"), "w").write('{"imageLayoutVersion":"1.0.0"}')
+PY
+  rm -rf "$work/debian"
+}

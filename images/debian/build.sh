@@ -130,19 +130,18 @@ rm "$root/usr/sbin/update-initramfs"
 chroot "$root" dpkg-divert --quiet --local --rename --remove /usr/sbin/update-initramfs
 rm -f "$root/initrd.img" "$root/initrd.img.old" # would dangle: no initramfs
 
-# Network after switch_root: systemd-networkd does DHCP on every ethernet link and keeps
-# what stage 1 configured (same client identifier, the MAC, so the same lease); waiting
+# Network after switch_root: stage 1 leaves the boot NIC down and without an address
+# (so udev can give it its predictable name), and systemd-networkd does DHCP on every
+# ethernet link, with the MAC as client identifier: the same lease stage 1 had. Waiting
 # for it is bounded so that a node with a dead extra port still boots.
 cat >"$root/etc/systemd/network/90-bootfleet-ethernet.network" <<'EOF'
 # images/debian/build.sh: DHCP on every ethernet link (the shipped 80-container-*.network
-# match first). KeepConfiguration=yes: the address stage 1 configured is not dropped
-# while networkd takes over (the root may still be arriving over it).
+# match first).
 [Match]
 Type=ether
 
 [Network]
 DHCP=yes
-KeepConfiguration=yes
 
 [DHCPv4]
 ClientIdentifier=mac

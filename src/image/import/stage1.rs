@@ -276,6 +276,12 @@ mount -t overlay overlay \
   [ -x "/newroot$(chroot /newroot readlink -f /sbin/init 2>/dev/null)" ] ||
   stop "the image has no /sbin/init"
 kill "$(cat /run/bootfleet/udhcpc.pid)" 2>/dev/null
+# The root is in RAM now: the image's own network stack takes over from a clean link.
+# udev renames interfaces only while they are down (a link left up stays "being
+# renamed" and systemd-networkd never configures it), and the image's DHCP client
+# gets the same lease for the same MAC.
+ip addr flush dev "$iface"
+ip link set "$iface" down
 echo "bootfleet stage 1: switching to the image's root"
 mount --move /run /newroot/run
 mount --move /dev /newroot/dev
