@@ -606,3 +606,66 @@ async fn a_bundle_rootfs_must_prove_its_verity_root_hash() {
     assert_eq!(status, 201, "{out}");
     s.stop().await;
 }
+
+/// A registry behind Bearer token auth (a real docker-registry trusting a token service's
+/// certificate): the server does the token dance with the login named by the request,
+/// kept in its secrets directory; a wrong or missing login is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_behind_token_auth_is_pulled_with_a_secret_login() {
+    let s = server().await;
+    let tokens = oci::TokenService::start("puller", "s3cret-pass").await;
+    let registry = oci::Registry::start_with_tokens(&tokens);
+    let work = tempfile::tempdir().unwrap();
+    let layout = oci::write_layout(&work.path().join("layout"), &oci::base_layers(None), "v1");
+    let source = format!("docker://{}/fixtures/auth:v1", registry.addr);
+    let push = tokio::task::spawn_blocking({
+        let (layout, source) = (layout.clone(), source.clone());
+        move || {
+            oci::skopeo_as(
+                &format!("oci:{}:v1", layout.display()),
+                &source,
+                Some("puller:s3cret-pass"),
+            )
+        }
+    });
+    push.await.unwrap();
+    let secrets = s.data.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let write_secret = |name: &str, password: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = secrets.join(name);
+        std::fs::write(
+            &path,
+            format!("username = \"puller\"\npassword = \"{password}\"\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    write_secret("registry", "s3cret-pass");
+    write_secret("wrong", "guess");
+    let request = |credential: Option<&str>| {
+        let mut r = json!({ "name": "auth", "version": "1", "source": source, "plain_http": true });
+        if let Some(c) = credential {
+            r["registry_credential"] = json!(c);
+        }
+        r
+    };
+    for (credential, needle) in [
+        (None, "refused the login"),
+        (Some("wrong"), "refused the login"),
+    ] {
+        let (status, out) = import_pull(&s, request(credential)).await;
+        assert_eq!(status, 400, "{out}");
+        let e = out["error"].as_str().unwrap();
+        assert!(e.contains(needle), "{e}");
+        assert!(
+            !e.contains("guess") && !e.contains("s3cret"),
+            "a password in {e}"
+        );
+    }
+    assert_nothing_left(&s).await;
+    let (status, out) = import_pull(&s, request(Some("registry"))).await;
+    assert_eq!(status, 201, "{out}");
+    assert!(!out.to_string().contains("s3cret"));
+    s.stop().await;
+}

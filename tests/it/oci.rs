@@ -300,13 +300,22 @@ pub fn tar_dir(dir: &Path) -> Vec<u8> {
 
 /// skopeo copy SRC DEST (no signature policy: these images are the test's own).
 pub fn skopeo(src: &str, dest: &str) {
-    let out = Command::new("skopeo")
-        .args([
-            "--insecure-policy",
-            "copy",
-            "--quiet",
-            "--dest-tls-verify=false",
-        ])
+    skopeo_as(src, dest, None)
+}
+
+/// skopeo copy with a registry login (USER:PASSWORD) for DEST.
+pub fn skopeo_as(src: &str, dest: &str, creds: Option<&str>) {
+    let mut cmd = Command::new("skopeo");
+    cmd.args([
+        "--insecure-policy",
+        "copy",
+        "--quiet",
+        "--dest-tls-verify=false",
+    ]);
+    if let Some(c) = creds {
+        cmd.arg(format!("--dest-creds={c}"));
+    }
+    let out = cmd
         .arg(src)
         .arg(dest)
         .output()
@@ -328,6 +337,19 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A registry that demands tokens from `tokens` (Bearer auth).
+    pub fn start_with_tokens(tokens: &TokenService) -> Self {
+        Self::start_with(&format!(
+            "auth:\n  token:\n    realm: {}\n    service: {TOKEN_SERVICE}\n    issuer: {TOKEN_ISSUER}\n    rootcertbundle: {}\n",
+            tokens.realm,
+            tokens.cert.display()
+        ))
+    }
+
+    fn start_with(auth: &str) -> Self {
         let storage = tempfile::tempdir().unwrap();
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -338,7 +360,7 @@ impl Registry {
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
                 storage.path().join("data").display()
             ),
         )
@@ -382,4 +404,177 @@ impl Drop for Registry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A token service for the registry's Bearer auth, as Docker Hub's or Harbor's: on
+/// `GET /token?service=..&scope=repository:NAME:ACTIONS` with the right Basic login it
+/// answers a JWT (RS256, its certificate in `x5c`) granting the asked actions; without
+/// it, 401. The registry trusts its certificate (`rootcertbundle`).
+pub struct TokenService {
+    pub realm: String,
+    pub cert: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub const TOKEN_SERVICE: &str = "bootfleet-test-registry";
+pub const TOKEN_ISSUER: &str = "bootfleet-test-issuer";
+
+impl TokenService {
+    pub async fn start(user: &'static str, password: &'static str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
+        let status = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=bootfleet-test-token",
+                "-keyout",
+            ])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl (the test command installs it)");
+        assert!(status.success());
+        let der = Command::new("openssl")
+            .args(["x509", "-outform", "DER", "-in"])
+            .arg(&cert)
+            .output()
+            .unwrap()
+            .stdout;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let realm = format!("http://{}/token", listener.local_addr().unwrap());
+        let expected = format!(
+            "Basic {}",
+            base64(format!("{user}:{password}").as_bytes(), STANDARD)
+        );
+        let key_path = key.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 8192];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let authorized = head.lines().any(|l| {
+                    l.to_ascii_lowercase().starts_with("authorization:")
+                        && l[14..].trim() == expected
+                });
+                let scope = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|target| target.split_once("scope="))
+                    .map(|(_, s)| {
+                        s.split('&')
+                            .next()
+                            .unwrap_or("")
+                            .replace("%3A", ":")
+                            .replace("%2C", ",")
+                            .replace("%2F", "/")
+                    })
+                    .unwrap_or_default();
+                let answer = if authorized {
+                    let token = jwt(&key_path, &der, &scope);
+                    let body = format!(
+                        r#"{{"token":"{token}","access_token":"{token}","expires_in":300}}"#
+                    );
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_string()
+                };
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+        });
+        Self {
+            realm,
+            cert,
+            _dir: dir,
+        }
+    }
+}
+
+const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+/// base64 with `alphabet`; padded with the standard one, unpadded with the URL-safe one
+/// (as JWTs are).
+fn base64(bytes: &[u8], alphabet: &[u8; 64]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(alphabet[(n >> (18 - 6 * i)) as usize & 63] as char);
+        }
+        if alphabet == STANDARD {
+            out.push_str(&"=".repeat(3 - chunk.len()));
+        }
+    }
+    out
+}
+
+/// An RS256 JWT the Distribution registry accepts: issuer, audience and the access the
+/// scope asks for (`repository:NAME:ACTION,ACTION`), signed by `key` (openssl).
+fn jwt(key: &Path, cert_der: &[u8], scope: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut parts = scope.splitn(3, ':');
+    let (kind, name, actions) = (
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+        parts.next().unwrap_or(""),
+    );
+    let header =
+        serde_json::json!({ "typ": "JWT", "alg": "RS256", "x5c": [base64(cert_der, STANDARD)] });
+    let claims = serde_json::json!({
+        "iss": TOKEN_ISSUER, "sub": "tester", "aud": TOKEN_SERVICE,
+        "exp": now + 300, "nbf": now - 10, "iat": now, "jti": format!("{now}-{}", rand_u64()),
+        "access": [{ "type": kind, "name": name, "actions": actions.split(',').filter(|a| !a.is_empty()).collect::<Vec<_>>() }],
+    });
+    let input = format!(
+        "{}.{}",
+        base64(header.to_string().as_bytes(), URL_SAFE),
+        base64(claims.to_string().as_bytes(), URL_SAFE)
+    );
+    let mut child = Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign"])
+        .arg(key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let signature = child.wait_with_output().unwrap().stdout;
+    format!("{input}.{}", base64(&signature, URL_SAFE))
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(7);
+    h.finish()
 }
