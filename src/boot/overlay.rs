@@ -121,14 +121,7 @@ impl Overlay {
     }
 
     fn environment(&self) -> Result<Environment<'static>, TemplateError> {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .keep_trailing_newline(true)
-                .build()
-                .expect("default delimiters are valid"),
-        );
+        let mut env = super::script::strict_environment();
         for (i, s) in self.sources.iter().enumerate().filter(|(_, s)| s.template) {
             let text =
                 String::from_utf8(s.content.clone()).map_err(|_| TemplateError::Invalid {

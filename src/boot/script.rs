@@ -97,6 +97,20 @@ pub fn blob_url(server: &str, digest: &Digest, boot_id: &str) -> String {
     )
 }
 
+/// A template environment where an undefined variable is an error (a typo must not boot
+/// a node with an empty URL or write an empty file) and a file's last newline is kept.
+pub(super) fn strict_environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .keep_trailing_newline(true)
+            .build()
+            .expect("default delimiters are valid"),
+    );
+    env
+}
+
 impl BootTemplates {
     /// The templates compiled into the binary.
     pub fn builtin() -> Self {
@@ -123,15 +137,7 @@ impl BootTemplates {
     fn from_sources(
         sources: impl Iterator<Item = (String, String)>,
     ) -> Result<Self, TemplateError> {
-        let mut env = Environment::new();
-        // Undefined variables are errors: a typo must not boot a node with an empty URL.
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .keep_trailing_newline(true)
-                .build()
-                .expect("default delimiters are valid"),
-        );
+        let mut env = strict_environment();
         for (name, text) in sources {
             env.add_template_owned(name.clone(), text)
                 .map_err(|e| TemplateError::Invalid {

@@ -96,6 +96,28 @@ pub struct StagedImage {
     pub temps: Vec<TempBlob>,
 }
 
+impl StagedImage {
+    /// A checked image and its temp blobs (in `artifacts` order), with its canonical form
+    /// and digest.
+    pub fn new(
+        manifest: Manifest,
+        manifest_text: String,
+        artifacts: Vec<Artifact>,
+        temps: Vec<TempBlob>,
+    ) -> Self {
+        let canonical = canonical_form(&manifest, &artifacts);
+        let digest = image_digest(&canonical);
+        Self {
+            manifest,
+            manifest_text,
+            artifacts,
+            canonical,
+            digest,
+            temps,
+        }
+    }
+}
+
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 /// Bytes tolerated after the end-of-archive marker (tar pads to 10 KiB records).
@@ -370,15 +392,6 @@ impl Collected {
             return Err(BundleError::Unreferenced(extra.clone()));
         }
         check_verity(&manifest, &artifacts, &temps)?;
-        let canonical = canonical_form(&manifest, &artifacts);
-        let digest = image_digest(&canonical);
-        Ok(StagedImage {
-            manifest,
-            manifest_text,
-            artifacts,
-            canonical,
-            digest,
-            temps,
-        })
+        Ok(StagedImage::new(manifest, manifest_text, artifacts, temps))
     }
 }

@@ -19,7 +19,6 @@ use std::io::{self, Read, Write};
 
 use super::blobstore::{BlobStore, TempBlob};
 use super::bundle::StagedImage;
-use super::canonical::{canonical_form, image_digest};
 use super::manifest::Manifest;
 use super::oci::archive::{SpoolLimits, Staging};
 use super::oci::flatten::Captures;
@@ -239,17 +238,8 @@ pub fn build(
         layers: image.layers.len(),
         dropped_acls: root.tree.dropped_acls,
     };
-    let canonical = canonical_form(&manifest, &artifacts);
-    let digest = image_digest(&canonical);
     Ok((
-        StagedImage {
-            manifest,
-            manifest_text,
-            artifacts,
-            canonical,
-            digest,
-            temps,
-        },
+        StagedImage::new(manifest, manifest_text, artifacts, temps),
         report,
     ))
 }
