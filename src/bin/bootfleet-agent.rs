@@ -74,6 +74,9 @@ enum Stage {
         /// Where the root's blob is kept (tmpfs: RAM).
         #[arg(long)]
         dir: PathBuf,
+        /// A mounted file system of the node's that keeps the root for the next boot.
+        #[arg(long)]
+        cache: Option<PathBuf>,
     },
     /// Fetch this node's overlay files from the server and write them under DIR.
     Stage1Overlay {
@@ -145,7 +148,9 @@ fn main() -> ExitCode {
         .build()
         .expect("runtime builds");
     match stage {
-        Some(Stage::Stage1 { dir }) => return runtime.block_on(stage1(&agent, root_blob, &dir)),
+        Some(Stage::Stage1 { dir, cache }) => {
+            return runtime.block_on(stage1(&agent, root_blob, &dir, cache.as_deref()));
+        }
         Some(Stage::Stage1Overlay { into }) => return runtime.block_on(overlay(&agent, &into)),
         None => {}
     }
@@ -177,6 +182,7 @@ async fn stage1(
     agent: &Agent,
     blob: Result<bootfleet_agent::stage1::root::RootBlob, String>,
     dir: &std::path::Path,
+    cache: Option<&std::path::Path>,
 ) -> ExitCode {
     use bootfleet_agent::stage1::root;
     let outcome = async {
@@ -188,7 +194,7 @@ async fn stage1(
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?;
-        root::prepare(&client, &agent.server, &agent.boot, &blob, dir)
+        root::prepare(&client, &agent.server, &agent.boot, &blob, dir, cache)
             .await
             .map_err(|e| e.to_string())
     }

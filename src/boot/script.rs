@@ -84,6 +84,8 @@ pub struct NodeBoot<'a> {
     pub boot_id: &'a str,
     pub token: &'a str,
     pub image: &'a ImageBoot,
+    /// A two-stage node's local root cache: the label of its file system.
+    pub rootfs_cache: Option<&'a str>,
 }
 
 /// The URL of a blob as nodes fetch it.
@@ -190,8 +192,12 @@ impl BootTemplates {
                 .rootfs
                 .as_ref()
                 .map(|r| {
+                    let cache = b
+                        .rootfs_cache
+                        .map(|l| format!(" bootfleet.rootfs_cache={l}"))
+                        .unwrap_or_default();
                     format!(
-                        "bootfleet.rootfs={} bootfleet.rootfs_size={} bootfleet.verity={}",
+                        "bootfleet.rootfs={} bootfleet.rootfs_size={} bootfleet.verity={}{cache}",
                         r.digest,
                         r.size,
                         r.verity.kernel_arg()
@@ -302,10 +308,11 @@ mod tests {
                 boot_id: "b-42",
                 token: "secret-token",
                 image: &image,
+                rootfs_cache: Some("bootfleet-cache"),
             })
             .unwrap();
         let words = format!(
-            "bootfleet.rootfs={} bootfleet.rootfs_size=8704 bootfleet.verity={}",
+            "bootfleet.rootfs={} bootfleet.rootfs_size=8704 bootfleet.verity={} bootfleet.rootfs_cache=bootfleet-cache",
             Digest::of(b"root"),
             verity.kernel_arg()
         );
@@ -320,6 +327,7 @@ mod tests {
             boot_id: "b-42",
             token: "secret-token",
             image: &image,
+            rootfs_cache: None,
         })
         .unwrap()
     }
@@ -442,6 +450,7 @@ mod tests {
                 boot_id: "b",
                 token: "t",
                 image: &image,
+                rootfs_cache: None,
             })
             .unwrap_err();
         assert!(

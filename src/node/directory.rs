@@ -22,6 +22,13 @@ pub fn wants_chainload(labels: &BTreeMap<String, String>) -> bool {
     labels.get("ipxe").is_some_and(|v| v == "chainload")
 }
 
+/// Label `rootfs-cache=FS_LABEL`: a two-stage boot keeps its verified root on the node's
+/// file system with that label (ext4), keyed by digest, so a reboot into the same image
+/// reads it from there instead of the network (dm-verity still checks every block).
+pub fn rootfs_cache(labels: &BTreeMap<String, String>) -> Option<&str> {
+    labels.get("rootfs-cache").map(String::as_str)
+}
+
 /// The directory over the store: known nodes from the store's DHCP cache (memory, for
 /// nearly every packet), new MACs recorded as discovered.
 pub struct StoreDirectory {

@@ -156,6 +156,8 @@ pub(crate) struct Segment {
     tap: String,
     /// The VM's memory, MiB (a two-stage image holds its root in RAM).
     pub(crate) memory_mb: u32,
+    /// More QEMU arguments for the next VM (a disk).
+    pub(crate) extra_args: Vec<String>,
     pub(crate) vm: Option<Child>,
     /// Namespaces hanging off the bridge (a site DHCP server), removed on drop.
     namespaces: Vec<String>,
@@ -174,6 +176,7 @@ impl Segment {
             bridge,
             tap,
             memory_mb: 512,
+            extra_args: Vec::new(),
             vm: None,
             namespaces: vec![],
             children: vec![],
@@ -232,6 +235,7 @@ impl Segment {
                 &format!("virtio-net-pci,netdev=n0,mac={mac},romfile="),
             ])
             .args(["-boot", "n"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -276,6 +280,7 @@ impl Segment {
         let vm = Command::new("qemu-system-x86_64")
             .args(self.bios_vm_args(mac, log))
             .args(["-boot", "n"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -276,6 +276,75 @@ async fn a_debian_root_boots_in_two_stages_resumes_a_cut_and_refuses_a_flipped_b
         vm.powered.elapsed()
     );
 
+    // A node with a local root cache (label rootfs-cache=FS_LABEL, an ext4 disk): its
+    // first boot fetches the root into the cache, its next (a reimage) reads it there.
+    if let Some(mut old) = segment.vm.take() {
+        let _ = old.kill();
+        let _ = old.wait();
+    }
+    let disk_dir = tempfile::tempdir().unwrap();
+    let disk = disk_dir.path().join("cache.img");
+    sh(&format!(
+        "truncate -s 512M {d} && mkfs.ext4 -q -F -L bootfleet-cache {d}",
+        d = disk.display()
+    ));
+    segment.extra_args = vec![
+        "-drive".into(),
+        format!("file={},if=virtio,format=raw", disk.display()),
+    ];
+    let cached = format!("52:54:00:e5:{n:02x}:04");
+    server.assign(&cached, "debian:stable").await;
+    let r = server
+        .http
+        .patch(server.url(&format!("/api/v1/nodes/{cached}/labels")))
+        .bearer_auth(&server.token)
+        .json(&json!({ "set": { "rootfs-cache": "bootfleet-cache" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (node, vm) = boot_until(
+        &mut segment,
+        &server,
+        &cached,
+        Firmware::Bios,
+        Duration::from_secs(420),
+        "a first boot that fills the node's root cache",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    assert!(
+        vm.serial().contains("root kept in the node's cache"),
+        "{}",
+        vm.serial()
+    );
+    let first_boot = node["boots"][0]["id"].clone();
+    let r = server
+        .post(&format!("/api/v1/nodes/{cached}/reimage"))
+        .json(&json!({ "reason": "reboot onto the cached root" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let node = wait_for(
+        &server,
+        &cached,
+        &vm.log(),
+        Duration::from_secs(420),
+        "a reboot from the node's root cache",
+        |n| n["state"] == "ready" && n["boots"][0]["id"] != first_boot,
+    )
+    .await;
+    assert!(
+        vm.serial().contains("root from the node's cache"),
+        "{}",
+        vm.serial()
+    );
+    let steps = node["boots"][0]["steps"].as_array().unwrap();
+    let root = steps.iter().find(|s| s["step"] == "stage1 rootfs").unwrap();
+    assert_eq!(root["outcome"], "from the node's cache", "{node}");
+    segment.extra_args.clear();
+
     // One flipped byte in the stored root: stage 1 refuses it by its sha256, the boot
     // fails attestation naming stage 1, and the node never reaches ready.
     if let Some(mut old) = segment.vm.take() {

@@ -19,6 +19,8 @@ pub struct BootParams {
     pub rootfs: Option<Digest>,
     pub rootfs_size: Option<u64>,
     pub verity: Option<bootfleet_api::image::Verity>,
+    /// The label of the node's file system that caches its root (`rootfs-cache=`).
+    pub rootfs_cache: Option<String>,
 }
 
 pub fn parse(cmdline: &str) -> BootParams {
@@ -36,6 +38,7 @@ pub fn parse(cmdline: &str) -> BootParams {
             "bootfleet.dcgm" => p.dcgm = value.parse().ok(),
             "bootfleet.rootfs" => p.rootfs = value.parse().ok(),
             "bootfleet.rootfs_size" => p.rootfs_size = value.parse().ok(),
+            "bootfleet.rootfs_cache" => p.rootfs_cache = Some(value.to_string()),
             "bootfleet.verity" => p.verity = bootfleet_api::image::Verity::parse_kernel_arg(value),
             _ => {}
         }

@@ -34,6 +34,9 @@ pub const NIC_MODULES: &[&str] = &[
     "mlx5_core",
 ];
 pub const ROOT_MODULES: &[&str] = &["loop", "squashfs", "overlay", "dm_verity"];
+/// What a node's local root cache (`rootfs-cache=` label) needs, when the kernel has it:
+/// disk controllers and ext4.
+pub const CACHE_MODULES: &[&str] = &["virtio_blk", "nvme", "ahci", "sd_mod", "ext4"];
 
 /// Finds the kernel: a `/boot/vmlinuz-<release>` with its `/lib/modules/<release>`.
 /// With several, `pinned` (the manifest's `pins.kernel`) chooses.
@@ -100,17 +103,18 @@ pub fn module_name(file: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LoadOrder {
     pub files: Vec<String>,
-    /// Wanted network drivers this kernel has neither as modules nor built in.
+    /// Optional modules (drivers) this kernel has neither as modules nor built in.
     pub absent: Vec<String>,
 }
 
-/// Resolves `nic` (optional) and `root` (required) modules against `modules.dep` and
-/// `modules.builtin`, with every dependency, in an order `insmod` can follow.
+/// Resolves `optional` (drivers: any the kernel has) and `required` modules against
+/// `modules.dep` and `modules.builtin`, with every dependency, in an order `insmod` can
+/// follow.
 pub fn load_order(
     modules_dep: &str,
     modules_builtin: &str,
-    nic: &[&str],
-    root: &[&str],
+    optional: &[&str],
+    required: &[&str],
 ) -> Result<LoadOrder, String> {
     let mut deps: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
     for line in modules_dep.lines() {
@@ -129,10 +133,10 @@ pub fn load_order(
         .collect();
     let mut order = LoadOrder::default();
     let mut placed = BTreeSet::new();
-    for (name, required) in nic
+    for (name, required) in optional
         .iter()
         .map(|n| (*n, false))
-        .chain(root.iter().map(|n| (*n, true)))
+        .chain(required.iter().map(|n| (*n, true)))
     {
         if builtin.contains(name) {
             continue;

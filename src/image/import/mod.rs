@@ -141,13 +141,9 @@ pub fn build(
     })?;
     let builtin = text(&in_modules("modules.builtin")).unwrap_or_default();
     let config = text(format!("boot/config-{}", kernel.release).as_bytes());
-    let order = kernel::load_order(
-        &modules_dep,
-        &builtin,
-        kernel::NIC_MODULES,
-        kernel::ROOT_MODULES,
-    )
-    .map_err(ImportError::Refused)?;
+    let optional = [kernel::NIC_MODULES, kernel::CACHE_MODULES].concat();
+    let order = kernel::load_order(&modules_dep, &builtin, &optional, kernel::ROOT_MODULES)
+        .map_err(ImportError::Refused)?;
     let pin_modules = pin_module_files(&modules_dep);
 
     // Pass two: the root into mksquashfs, the files stage 1 and the pins need copied out.
@@ -234,7 +230,11 @@ pub fn build(
         verity_root_hash: verity.root_hash.clone(),
         compressor: compressor.to_string(),
         stage1_modules: loaded,
-        absent_network_drivers: order.absent,
+        absent_network_drivers: order
+            .absent
+            .into_iter()
+            .filter(|m| kernel::NIC_MODULES.contains(&m.as_str()))
+            .collect(),
         layers: image.layers.len(),
         dropped_acls: root.tree.dropped_acls,
     };

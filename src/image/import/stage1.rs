@@ -262,8 +262,26 @@ ip link set "$iface" up
 # Without -q udhcpc stays in the background after its lease and renews it.
 udhcpc -i "$iface" -s /etc/udhcpc.script -t 30 -T 1 -n -p /run/bootfleet/udhcpc.pid \
   || stop "no DHCP lease on $iface"
-dev=$(/bin/bootfleet-agent stage1 --dir /run/bootfleet) || stop "the root could not be fetched or verified (see above)"
-mount -t squashfs -o ro "$dev" /run/bootfleet/lower || stop "the verified root did not mount"
+# rootfs-cache=LABEL: keep the root on the node's file system with that label, so the
+# next boot into the same image reads it from there. A missing or broken one only costs
+# the cache: the root then goes to RAM as without it.
+cache=""
+label=$(sed -n 's/.*bootfleet\.rootfs_cache=\([^ ]*\).*/\1/p' /proc/cmdline)
+if [ -n "$label" ]; then
+  part=""
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    part=$(findfs "LABEL=$label" 2>/dev/null) && break
+    sleep 0.5
+  done
+  mkdir -p /run/bootfleet/cache
+  if [ -n "$part" ] && mount -o noatime "$part" /run/bootfleet/cache; then
+    cache="--cache /run/bootfleet/cache"
+  else
+    echo "bootfleet stage 1: no file system labelled $label to cache the root on; the root goes to RAM"
+  fi
+fi
+root=$(/bin/bootfleet-agent stage1 --dir /run/bootfleet $cache) || stop "the root could not be fetched or verified (see above)"
+mount -t squashfs -o ro "$root" /run/bootfleet/lower || stop "the verified root did not mount"
 mount -t tmpfs -o mode=0755 rw /run/bootfleet/rw
 mkdir -p /run/bootfleet/rw/upper /run/bootfleet/rw/work
 mount -t overlay overlay \

@@ -213,6 +213,7 @@ impl NodeService {
             boot_id: &boot_id,
             token: &token,
             image: &image,
+            rootfs_cache: crate::node::directory::rootfs_cache(&node.labels),
         })?)
     }
 

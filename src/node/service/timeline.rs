@@ -79,6 +79,12 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
         push(&mut steps, s.step, s.at_ms, s.outcome);
     }
     push(&mut steps, "script".into(), boot.created_at_ms, "ok".into());
+    let passed = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .and_then(|v| v.get("passed"))
+            .and_then(|p| p.as_bool())
+            == Some(true)
+    };
     // A two-stage image's root comes last: stage 1 fetches it after the kernel boots.
     for artifact in artifacts {
         let name = match artifact.role {
@@ -96,6 +102,15 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
             .unwrap_or_default();
         let (bytes, whole) = (got.bytes, got.complete(artifact.size));
         let end = mine.iter().filter_map(|f| f.finished_at_ms).max();
+        // A root the node read from its own cache is not fetched; attestation proved it
+        // (its dm-verity root hash), so the step is there with where it came from.
+        if artifact.role == Role::Rootfs
+            && mine.is_empty()
+            && let Some(at) = boot.attested_at_ms.filter(|_| passed(&boot.verdict))
+        {
+            push(&mut steps, name, at, "from the node's cache".into());
+            continue;
+        }
         match (whole, end) {
             (true, Some(end)) if artifact.role == Role::Rootfs => {
                 push(&mut steps, name, end, format!("ok ({bytes} bytes)"))
@@ -113,12 +128,6 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
             }
         }
     }
-    let passed = |v: &Option<serde_json::Value>| {
-        v.as_ref()
-            .and_then(|v| v.get("passed"))
-            .and_then(|p| p.as_bool())
-            == Some(true)
-    };
     // A failed step says why: the verdict's mismatches, named (a stage-1 failure, a
     // wrong root hash, a pin).
     let failed = |v: &Option<serde_json::Value>| {

@@ -48,18 +48,100 @@ pub fn verity_params(v: &Verity) -> VerityParams {
     }
 }
 
-/// Fetches the root into `dir/rootfs.img` and returns the verified device to mount.
+/// The root as a verified device to mount: from the node's cache directory `cache` when
+/// it holds this digest (no download; dm-verity checks every block read), else fetched
+/// into the cache (kept for the next boot) or, without one, into `dir` (RAM).
 pub async fn prepare(
     client: &reqwest::Client,
     server: &str,
     boot: &str,
     root: &RootBlob,
     dir: &Path,
+    cache: Option<&Path>,
 ) -> Result<PathBuf, Stage1Error> {
+    if let Some(cache) = cache {
+        let cached = cache.join(format!("{}.rootfs", root.digest.hex()));
+        if std::fs::metadata(&cached).is_ok_and(|m| m.len() == root.size) {
+            // A local disk reads a root in seconds: check it whole, so a damaged copy is
+            // fetched again now instead of failing reads in the running system.
+            match sha256_of(&cached) {
+                Ok(found) if found == root.digest => {
+                    eprintln!(
+                        "bootfleet stage 1: root from the node's cache {} (not fetched; its sha256 checked, dm-verity checks every block)",
+                        cached.display()
+                    );
+                    return verified_device(&cached, root);
+                }
+                Ok(found) => eprintln!(
+                    "bootfleet stage 1: the cached root hashes to {found}, not {}: fetching it again",
+                    root.digest
+                ),
+                Err(e) => eprintln!(
+                    "bootfleet stage 1: cannot read the cached root ({e}): fetching it again"
+                ),
+            }
+        }
+        // A root fetched for another image is stale: make room before fetching.
+        prune(cache, &cached);
+        match fetch(client, server, boot, root, &cached).await {
+            Ok(()) => {
+                eprintln!("bootfleet stage 1: root kept in the node's cache for the next boot");
+                return verified_device(&cached, root);
+            }
+            // A full or failing cache disk must not stop the boot: RAM, as without one.
+            Err(e @ Stage1Error::Io { .. }) => {
+                eprintln!("bootfleet stage 1: cannot cache the root ({e}); fetching it into RAM");
+            }
+            Err(e) => return Err(e),
+        }
+    }
     let dest = dir.join("rootfs.img");
-    // A stage 1 that ran before (a retry after a failure) left nothing we trust.
-    let _ = std::fs::remove_file(&dest);
-    let _ = std::fs::remove_file(dir.join("rootfs.img.part"));
+    fetch(client, server, boot, root, &dest).await?;
+    verified_device(&dest, root)
+}
+
+fn sha256_of(path: &Path) -> std::io::Result<Digest> {
+    use sha2::Digest as _;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(Digest::from_hasher(hasher));
+        }
+        hasher.update(&buf[..n]);
+    }
+}
+
+/// Removes the cached roots of other digests, and leftovers of an interrupted fetch.
+fn prune(cache: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path != keep && (name.ends_with(".rootfs") || name.ends_with(".rootfs.part")) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Fetches the root blob to `dest` (replacing whatever a stage 1 before left there),
+/// its sha256 checked, with progress on the console.
+async fn fetch(
+    client: &reqwest::Client,
+    server: &str,
+    boot: &str,
+    root: &RootBlob,
+    dest: &Path,
+) -> Result<(), Stage1Error> {
+    let _ = std::fs::remove_file(dest);
+    let mut part = dest.as_os_str().to_owned();
+    part.push(".part");
+    let _ = std::fs::remove_file(&part);
     let (progress, mut seen) = tokio::sync::watch::channel(0u64);
     let size = root.size;
     let started = Instant::now();
@@ -83,7 +165,7 @@ pub async fn prepare(
         ..FetchOptions::default()
     };
     let url = blob_url(server, &root.digest, boot);
-    let fetched = super::fetch_blob(client, &url, root.size, &root.digest, &dest, &options).await;
+    let fetched = super::fetch_blob(client, &url, root.size, &root.digest, dest, &options).await;
     reporter.abort();
     let stats = fetched?;
     eprintln!(
@@ -93,8 +175,13 @@ pub async fn prepare(
         stats.streams,
         stats.resumes
     );
+    Ok(())
+}
+
+/// `file` attached read-only and put under dm-verity with the manifest's root hash.
+fn verified_device(file: &Path, root: &RootBlob) -> Result<PathBuf, Stage1Error> {
     // The loop detaches when its last holder closes it: keep it until dm-verity holds it.
-    let device = attach_loop(&dest, true)?;
+    let device = attach_loop(file, true)?;
     let verified = create_verity(ROOT_DEVICE, device.path(), &verity_params(&root.verity))?;
     drop(device);
     Ok(verified)
