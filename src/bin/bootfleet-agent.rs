@@ -61,12 +61,12 @@ struct Args {
     #[arg(long, default_value_t = 300)]
     probe_timeout_secs: u64,
     #[command(subcommand)]
-    stage: Option<Stage>,
+    stage: Option<StageOne>,
 }
 
 /// The two steps of a two-stage boot's stage-1 initramfs (its /init runs them).
 #[derive(Debug, clap::Subcommand)]
-enum Stage {
+enum StageOne {
     /// Fetch the root named on the kernel command line (bootfleet.rootfs=, its size and
     /// bootfleet.verity=), check its sha256, put it under dm-verity and print the device
     /// to mount. On failure the boot fails attestation with the reason.
@@ -77,6 +77,11 @@ enum Stage {
         /// A mounted file system of the node's that keeps the root for the next boot.
         #[arg(long)]
         cache: Option<PathBuf>,
+    },
+    /// Tell the server why stage 1 stopped (the boot fails attestation with REASON).
+    Stage1Fail {
+        /// What went wrong, in a line.
+        reason: String,
     },
     /// Fetch this node's overlay files from the server and write them under DIR.
     Stage1Overlay {
@@ -148,10 +153,19 @@ fn main() -> ExitCode {
         .build()
         .expect("runtime builds");
     match stage {
-        Some(Stage::Stage1 { dir, cache }) => {
+        Some(StageOne::Stage1 { dir, cache }) => {
             return runtime.block_on(stage1(&agent, root_blob, &dir, cache.as_deref()));
         }
-        Some(Stage::Stage1Overlay { into }) => return runtime.block_on(overlay(&agent, &into)),
+        Some(StageOne::Stage1Overlay { into }) => return runtime.block_on(overlay(&agent, &into)),
+        Some(StageOne::Stage1Fail { reason }) => {
+            return match runtime.block_on(agent.attest_stage1_failure(reason)) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bootfleet stage 1: could not tell the server: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
         None => {}
     }
     match runtime.block_on(agent.run(args.once)) {

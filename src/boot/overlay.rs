@@ -195,6 +195,8 @@ pub fn hostname(mac: Mac, known: Option<&str>, labels: &BTreeMap<String, String>
     labels
         .get("hostname")
         .map(String::as_str)
+        // A label value may hold anything visible: host names only.
+        .filter(|h| crate::api::refs::is_hostname(h))
         .or(known)
         .map(String::from)
         .unwrap_or_else(|| format!("node-{}", mac.to_string().replace(':', "")))

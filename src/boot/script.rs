@@ -196,8 +196,14 @@ impl BootTemplates {
                         .rootfs_cache
                         .map(|l| format!(" bootfleet.rootfs_cache={l}"))
                         .unwrap_or_default();
+                    // Stage 1 runs as PID 1: if it ever exits, reboot instead of hanging.
+                    let panic = if b.image.cmdline.split_whitespace().any(|w| w.starts_with("panic=")) {
+                        ""
+                    } else {
+                        " panic=30"
+                    };
                     format!(
-                        "bootfleet.rootfs={} bootfleet.rootfs_size={} bootfleet.verity={}{cache}",
+                        "bootfleet.rootfs={} bootfleet.rootfs_size={} bootfleet.verity={}{cache}{panic}",
                         r.digest,
                         r.size,
                         r.verity.kernel_arg()
@@ -312,7 +318,7 @@ mod tests {
             })
             .unwrap();
         let words = format!(
-            "bootfleet.rootfs={} bootfleet.rootfs_size=8704 bootfleet.verity={} bootfleet.rootfs_cache=bootfleet-cache",
+            "bootfleet.rootfs={} bootfleet.rootfs_size=8704 bootfleet.verity={} bootfleet.rootfs_cache=bootfleet-cache panic=30",
             Digest::of(b"root"),
             verity.kernel_arg()
         );

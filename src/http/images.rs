@@ -152,14 +152,15 @@ pub async fn import(
             let request: ImportRequest = serde_json::from_slice(&bytes).map_err(bad_request)?;
             let credentials = match &request.registry_credential {
                 Some(name) => {
-                    let c = state
+                    let login = state
                         .power
                         .secrets()
-                        .credentials(name)
+                        .registry_login(name)
                         .map_err(bad_request)?;
                     Some(crate::image::oci::pull::Credentials {
-                        user: c.username,
-                        password: c.password,
+                        registry: login.registry,
+                        user: login.username,
+                        password: login.password,
                     })
                 }
                 None => None,

@@ -26,8 +26,24 @@ pub fn wants_chainload(labels: &BTreeMap<String, String>) -> bool {
 /// file system with that label (ext4), keyed by digest, so a reboot into the same image
 /// reads it from there instead of the network (dm-verity still checks every block).
 pub fn rootfs_cache(labels: &BTreeMap<String, String>) -> Option<&str> {
-    labels.get("rootfs-cache").map(String::as_str)
+    labels
+        .get("rootfs-cache")
+        .map(String::as_str)
+        .filter(|l| valid_fs_label(l))
 }
+
+/// An ext4 file-system label that is safe on a kernel command line: 1 to 16 characters
+/// from A-Z a-z 0-9 . _ - (a space would start another boot parameter).
+pub fn valid_fs_label(label: &str) -> bool {
+    (1..=16).contains(&label.len())
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Label `hostname=NAME`: the node's host name in a two-stage boot's overlay, when it is
+/// one.
+pub use crate::api::refs::is_hostname as valid_hostname;
 
 /// The directory over the store: known nodes from the store's DHCP cache (memory, for
 /// nearly every packet), new MACs recorded as discovered.

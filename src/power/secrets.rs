@@ -28,6 +28,26 @@ impl fmt::Debug for Credentials {
     }
 }
 
+/// A container registry's login, bound to that registry.
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryLogin {
+    /// HOST[:PORT], as in `docker://HOST[:PORT]/...`.
+    pub registry: String,
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for RegistryLogin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryLogin")
+            .field("registry", &self.registry)
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
     #[error(
@@ -71,6 +91,22 @@ impl Secrets {
             // Not the parser's message: it quotes the line, which may hold the password.
             why: format!(
                 "not a TOML file with username and password ({})",
+                e.span()
+                    .map(|s| format!("at byte {}", s.start))
+                    .unwrap_or_default()
+            ),
+        })
+    }
+
+    /// The registry login `name`: a TOML file with `registry` (the HOST[:PORT] it is
+    /// for), `username` and `password`, mode 0600 or stricter. A BMC credential (no
+    /// `registry`) is not one: a login is only ever sent to its own registry.
+    pub fn registry_login(&self, name: &str) -> Result<RegistryLogin, SecretError> {
+        let text = self.read(name, true)?;
+        toml::from_str(&text).map_err(|e| SecretError::Unreadable {
+            name: name.into(),
+            why: format!(
+                "not a registry login: a TOML file with registry, username and password ({})",
                 e.span()
                     .map(|s| format!("at byte {}", s.start))
                     .unwrap_or_default()

@@ -239,7 +239,9 @@ async fn an_oci_image_becomes_a_verified_two_stage_image() {
         );
     }
 
-    // The same content again: the same digest, nothing new.
+    // The same content again, a second later (what differed by the clock would show):
+    // the same digest, nothing new.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let (status, again) = import_archive(
         &s,
         oci::tar_dir(&layout),
@@ -631,18 +633,22 @@ async fn a_registry_behind_token_auth_is_pulled_with_a_secret_login() {
     push.await.unwrap();
     let secrets = s.data.path().join("secrets");
     std::fs::create_dir_all(&secrets).unwrap();
-    let write_secret = |name: &str, password: &str| {
+    let write_secret = |name: &str, registry: &str, password: &str| {
         use std::os::unix::fs::PermissionsExt;
         let path = secrets.join(name);
         std::fs::write(
             &path,
-            format!("username = \"puller\"\npassword = \"{password}\"\n"),
+            format!(
+                "registry = \"{registry}\"\nusername = \"puller\"\npassword = \"{password}\"\n"
+            ),
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     };
-    write_secret("registry", "s3cret-pass");
-    write_secret("wrong", "guess");
+    write_secret("registry", &registry.addr, "s3cret-pass");
+    write_secret("wrong", &registry.addr, "guess");
+    // A login is for its own registry: never sent to another one a request names.
+    write_secret("elsewhere", "registry.example:5000", "s3cret-pass");
     let request = |credential: Option<&str>| {
         let mut r = json!({ "name": "auth", "version": "1", "source": source, "plain_http": true });
         if let Some(c) = credential {
@@ -653,6 +659,7 @@ async fn a_registry_behind_token_auth_is_pulled_with_a_secret_login() {
     for (credential, needle) in [
         (None, "refused the login"),
         (Some("wrong"), "refused the login"),
+        (Some("elsewhere"), "its own registry only"),
     ] {
         let (status, out) = import_pull(&s, request(credential)).await;
         assert_eq!(status, 400, "{out}");

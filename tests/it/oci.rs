@@ -462,9 +462,15 @@ impl TokenService {
                 let Ok((mut conn, _)) = listener.accept().await else {
                     return;
                 };
-                let mut buf = vec![0u8; 8192];
-                let n = conn.read(&mut buf).await.unwrap_or(0);
-                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !raw.windows(4).any(|w| w == b"\r\n\r\n") && raw.len() < 16384 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&raw).into_owned();
                 let authorized = head.lines().any(|l| {
                     l.to_ascii_lowercase().starts_with("authorization:")
                         && l[14..].trim() == expected

@@ -271,8 +271,9 @@ pub struct ImportRequest {
     /// Add the server's bootfleet-agent and its enabled systemd unit to the root.
     #[serde(default)]
     pub install_agent: bool,
-    /// A registry login by name: a TOML file with `username` and `password` in the
-    /// server's secrets directory (as for BMCs), never sent over the API.
+    /// A registry login by name: a TOML file with `registry` (the HOST[:PORT] it is
+    /// for), `username` and `password` in the server's secrets directory, never sent
+    /// over the API and only ever to its own registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_credential: Option<String>,
     /// Speak plain HTTP to the registry (a registry on a trusted local network).

@@ -64,6 +64,18 @@ pub fn check_label(kind: &'static str, s: &str) -> Result<(), RefError> {
         })
 }
 
+/// A host name by RFC 1123: dot-separated parts of 1 to 63 letters, digits and hyphens
+/// (not at either end of a part), at most 253 characters.
+pub fn is_hostname(name: &str) -> bool {
+    (1..=253).contains(&name.len())
+        && name.split('.').all(|part| {
+            (1..=63).contains(&part.len())
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 /// A movable pointer `name:tag`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TagName {

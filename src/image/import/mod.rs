@@ -150,6 +150,7 @@ pub fn build(
     let mut wanted: Vec<RootPath> = vec![kernel.image.clone()];
     wanted.extend(order.files.iter().map(|f| in_modules(f)));
     wanted.extend(pin_modules.values().map(|f| in_modules(f)));
+    check_copied_sizes(&root, &kernel.image, &wanted[1..])?;
     let (captures, copies) = capture_files(staging, &root, &wanted)?;
     let rootfs = blobs.scratch();
     let compressor = squashfs::compressor(config.as_deref());
@@ -213,10 +214,14 @@ pub fn build(
             size: t.size,
         })
         .collect();
-    debug_assert_eq!(
-        artifacts.iter().map(|a| a.role).collect::<Vec<_>>(),
-        [Role::Kernel, Role::Initrd, Role::Rootfs]
-    );
+    // The temps above are in this order; the manifest must name them so.
+    if artifacts.iter().map(|a| a.role).collect::<Vec<_>>()
+        != [Role::Kernel, Role::Initrd, Role::Rootfs]
+    {
+        return Err(ImportError::Refused(
+            "the import's manifest names its artifacts out of order".into(),
+        ));
+    }
     let report = ImportReport {
         kernel_release: kernel.release,
         pins: merged,
@@ -284,6 +289,56 @@ fn pin_module_files(modules_dep: &str) -> BTreeMap<&'static str, String> {
         };
     }
     out
+}
+
+/// The kernel and the modules an import reads into memory (the kernel, stage 1's
+/// modules, the pin modules) are bounded before pass two copies them out.
+const MAX_KERNEL_BYTES: u64 = 256 << 20;
+const MAX_MODULE_BYTES: u64 = 512 << 20;
+const MAX_MODULES_BYTES: u64 = 1 << 30;
+
+fn check_copied_sizes(root: &Root, kernel: &[u8], modules: &[RootPath]) -> Result<(), ImportError> {
+    let size = |path: &[u8]| {
+        root.tree
+            .resolve(path)
+            .and_then(|p| match root.tree.get(&p)?.kind {
+                Kind::File { size, .. } => Some(size),
+                _ => None,
+            })
+            .unwrap_or(0)
+    };
+    let too_big = |what: String, size: u64, limit: u64| {
+        ImportError::Refused(format!(
+            "{what} is {size} bytes, over the {limit} an import reads"
+        ))
+    };
+    if size(kernel) > MAX_KERNEL_BYTES {
+        return Err(too_big(
+            format!("the kernel {}", String::from_utf8_lossy(kernel)),
+            size(kernel),
+            MAX_KERNEL_BYTES,
+        ));
+    }
+    let mut total = 0u64;
+    for m in modules {
+        let s = size(m);
+        if s > MAX_MODULE_BYTES {
+            return Err(too_big(
+                format!("the module {}", String::from_utf8_lossy(m)),
+                s,
+                MAX_MODULE_BYTES,
+            ));
+        }
+        total += s;
+    }
+    if total > MAX_MODULES_BYTES {
+        return Err(too_big(
+            "stage 1's modules".into(),
+            total,
+            MAX_MODULES_BYTES,
+        ));
+    }
+    Ok(())
 }
 
 /// Scratch files for the root paths pass two copies out, by path (links followed).

@@ -29,12 +29,26 @@ pub fn parse(module: &[u8]) -> Result<BTreeMap<String, String>, String> {
     Ok(info)
 }
 
+/// The largest decompressed module read.
+const MAX_DECOMPRESSED: u64 = 512 << 20;
+
 /// A module file's bytes, decompressed by its name (`.ko`, `.ko.zst`).
 pub fn decompress(name: &str, bytes: Vec<u8>) -> Result<Vec<u8>, String> {
     if name.ends_with(".ko") {
         Ok(bytes)
     } else if name.ends_with(".ko.zst") {
-        zstd::stream::decode_all(bytes.as_slice()).map_err(|e| format!("{name}: {e}"))
+        // Bounded: a hostile module may declare any size.
+        use std::io::Read;
+        let mut out = Vec::new();
+        zstd::stream::read::Decoder::new(bytes.as_slice())
+            .map_err(|e| format!("{name}: {e}"))?
+            .take(MAX_DECOMPRESSED + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("{name}: {e}"))?;
+        if out.len() as u64 > MAX_DECOMPRESSED {
+            return Err(format!("{name} decompresses past {MAX_DECOMPRESSED} bytes"));
+        }
+        Ok(out)
     } else {
         Err(format!(
             "{name}: only .ko and .ko.zst modules are read (xz-compressed modules are not supported yet)"

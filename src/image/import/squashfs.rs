@@ -126,6 +126,8 @@ pub fn verity_format(file: &Path) -> io::Result<Verity> {
     }
     let data_blocks = size / BLOCK;
     let output = Command::new("veritysetup")
+        // Its report is parsed: in the one language it is parsed in.
+        .env("LC_ALL", "C")
         .args(["format", "--no-superblock", "--salt=-", "--hash=sha256"])
         .arg(format!("--data-block-size={BLOCK}"))
         .arg(format!("--hash-block-size={BLOCK}"))

@@ -55,14 +55,17 @@ impl Stage1 {
                 ))
             })
         };
-        s.add(
-            "bin/busybox",
-            0o755,
-            read(
-                &tools.busybox,
-                "a static busybox (apt-get install busybox-static)",
-            )?,
-        );
+        let busybox = read(
+            &tools.busybox,
+            "a static busybox (apt-get install busybox-static)",
+        )?;
+        if !shared_libraries(&tools.busybox)?.is_empty() {
+            return Err(io::Error::other(format!(
+                "{} is linked dynamically; stage 1 has no libraries for it: use a static busybox (apt-get install busybox-static)",
+                tools.busybox.display()
+            )));
+        }
+        s.add("bin/busybox", 0o755, busybox);
         s.add(
             "bin/bootfleet-agent",
             0o755,
@@ -189,7 +192,9 @@ fn shared_libraries(binary: &Path) -> io::Result<Vec<PathBuf>> {
         .output()
         .map_err(|e| io::Error::other(format!("ldd (libc-bin) is needed to build stage 1: {e}")))?;
     let text = String::from_utf8_lossy(&output.stdout);
-    if text.contains("not a dynamic executable") || text.contains("statically linked") {
+    // ldd says a binary is static on stderr (glibc) or stdout (musl).
+    let said = format!("{text}{}", String::from_utf8_lossy(&output.stderr));
+    if said.contains("not a dynamic executable") || said.contains("statically linked") {
         return Ok(Vec::new());
     }
     let mut libs = Vec::new();
@@ -220,10 +225,15 @@ const UDHCPC_SCRIPT: &str = r#"#!/bin/busybox sh
 # Called by udhcpc on every lease change. It keeps running during the root's download so
 # the lease is renewed (a lease that lapses mid-download drops the node's address).
 case "$1" in
-  bound|renew)
+  bound)
     ip addr flush dev "$interface"
     ip addr add "$ip/${mask:-24}" dev "$interface"
     [ -n "$router" ] && ip route add default via "${router%% *}" dev "$interface" 2>/dev/null
+    : ;;
+  renew)
+    # Never a gap in the middle of the root's download: replace, do not flush.
+    ip addr replace "$ip/${mask:-24}" dev "$interface"
+    [ -n "$router" ] && ip route replace default via "${router%% *}" dev "$interface" 2>/dev/null
     : ;;
   deconfig) ip addr flush dev "$interface" ;;
 esac
@@ -236,15 +246,31 @@ const INIT: &str = r#"#!/bin/busybox sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+# /run moves into the root at the end (as dracut does), sized as a system's /run is.
 # The root's blob, the overlay's writable layer and stage 1's state live in RAM under
-# /run, which moves into the root at the end (as dracut does).
-mount -t tmpfs -o mode=0755,size=95% run /run
+# /run/bootfleet: root's alone (users share /run/lock), as large as RAM allows.
+mount -t tmpfs -o mode=0755,size=20% run /run
+mkdir -p /run/bootfleet
+mount -t tmpfs -o mode=0700,size=95% bootfleet /run/bootfleet
 mkdir -p /run/bootfleet/lower /run/bootfleet/rw
+network=""
 stop() {
   echo "bootfleet stage 1: $*"
+  # Once the network is up the server hears why: the boot fails attestation with it.
+  [ -n "$network" ] && timeout 20 /bin/bootfleet-agent stage1-fail "$*" >/dev/null 2>&1
   echo "bootfleet stage 1: rebooting in 30 s"
   sleep 30
   reboot -f
+}
+# Where PATH points inside the new root, links followed there (an absolute link names
+# the new root's file, not this initramfs's).
+resolve() {
+  p=$1
+  for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do
+    t=$(readlink "/newroot$p") || break
+    case "$t" in /*) p=$t ;; *) p=${p%/*}/$t ;; esac
+  done
+  echo "$p"
 }
 echo "bootfleet stage 1: loading modules"
 for m in /lib/modules/stage1/*.ko; do
@@ -254,14 +280,20 @@ done
 ip link set lo up
 mac=$(sed -n 's/.*bootfleet\.mac=\([^ ]*\).*/\1/p' /proc/cmdline | tr 'A-F-' 'a-f:')
 iface=""
-for dev in /sys/class/net/*; do
-  [ "$(cat "$dev/address" 2>/dev/null)" = "$mac" ] && iface=${dev##*/}
+# Drivers probe asynchronously: give the NIC a few seconds to appear.
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  for dev in /sys/class/net/*; do
+    [ "$(cat "$dev/address" 2>/dev/null)" = "$mac" ] && iface=${dev##*/}
+  done
+  [ -n "$iface" ] && break
+  sleep 0.5
 done
 [ -n "$iface" ] || stop "no network interface has the boot MAC $mac (is its driver in the image's kernel?)"
 ip link set "$iface" up
 # Without -q udhcpc stays in the background after its lease and renews it.
 udhcpc -i "$iface" -s /etc/udhcpc.script -t 30 -T 1 -n -p /run/bootfleet/udhcpc.pid \
   || stop "no DHCP lease on $iface"
+network=1
 # rootfs-cache=LABEL: keep the root on the node's file system with that label, so the
 # next boot into the same image reads it from there. A missing or broken one only costs
 # the cache: the root then goes to RAM as without it.
@@ -287,13 +319,14 @@ mkdir -p /run/bootfleet/rw/upper /run/bootfleet/rw/work
 mount -t overlay overlay \
   -o lowerdir=/run/bootfleet/lower,upperdir=/run/bootfleet/rw/upper,workdir=/run/bootfleet/rw/work /newroot \
   || stop "the overlay did not mount"
-/bin/bootfleet-agent stage1-overlay --into /newroot || stop "the per-node overlay could not be applied"
-# /sbin/init is a link in most images (merged /usr, into systemd): check where it lands
-# inside the new root, not in this initramfs.
-[ -x "/newroot$(readlink -f /newroot/sbin/init | sed 's|^/newroot||')" ] ||
-  [ -x "/newroot$(chroot /newroot readlink -f /sbin/init 2>/dev/null)" ] ||
-  stop "the image has no /sbin/init"
-kill "$(cat /run/bootfleet/udhcpc.pid)" 2>/dev/null
+/bin/bootfleet-agent stage1-overlay --into /newroot || stop "the node's overlay could not be applied (see above)"
+# /sbin/init is a link in most images (merged /usr, into systemd): where it lands inside
+# the new root must be a program, or switch_root would fail as PID 1 (a kernel panic).
+[ -x "/newroot$(resolve /sbin/init)" ] || stop "the image has no /sbin/init"
+pid=$(cat /run/bootfleet/udhcpc.pid 2>/dev/null)
+if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
+  for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+fi
 # The root is in RAM now: the image's own network stack takes over from a clean link.
 # udev renames interfaces only while they are down (a link left up stays "being
 # renamed" and systemd-networkd never configures it), and the image's DHCP client

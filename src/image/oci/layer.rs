@@ -68,6 +68,67 @@ impl<R: Read> Read for Hashing<R> {
 /// written and its size. Kept files are read into memory: keep only small ones.
 pub type Keep<'a> = &'a dyn Fn(&[u8], u64) -> bool;
 
+/// What pass one may still take of an import, over all its layers: each bound is
+/// checked at the entry's header, before its bytes are read, so a hostile layer is
+/// refused at the first entry past one (a decompression bomb at its declared size).
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub entries: usize,
+    /// Names, link targets and xattrs held in memory for the tree.
+    pub metadata_bytes: u64,
+    /// Declared file bytes over all layers (a file replaced later counts too).
+    pub content_bytes: u64,
+    /// Bytes of small files kept in memory (`Keep`).
+    pub kept_bytes: u64,
+}
+
+impl Budget {
+    /// Tree metadata held in memory at most (names, links, xattrs).
+    pub const METADATA_BYTES: u64 = 512 << 20;
+    /// Small files kept in memory at most.
+    pub const KEPT_BYTES: u64 = 64 << 20;
+
+    pub fn for_rules(rules: &super::tree::Rules) -> Self {
+        Self {
+            entries: rules.max_entries,
+            metadata_bytes: Self::METADATA_BYTES,
+            content_bytes: rules.max_root_bytes.saturating_mul(2),
+            kept_bytes: Self::KEPT_BYTES,
+        }
+    }
+
+    /// Takes what `entry` costs; why not, when it is over.
+    fn take(&mut self, entry: &Entry) -> Result<(), String> {
+        let over = |what: &str| format!("the image passes the import's limit on {what}");
+        self.entries = self
+            .entries
+            .checked_sub(1)
+            .ok_or_else(|| over("entries (max_entries)"))?;
+        let link = match &entry.kind {
+            EntryKind::Symlink(t) | EntryKind::HardLink(t) => t.len(),
+            _ => 0,
+        };
+        let xattrs: usize = entry
+            .meta
+            .xattrs
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        let metadata = (entry.path.len() + link + xattrs + 128) as u64;
+        self.metadata_bytes = self
+            .metadata_bytes
+            .checked_sub(metadata)
+            .ok_or_else(|| over("names, links and extended attributes"))?;
+        if let EntryKind::File { size } = entry.kind {
+            self.content_bytes = self
+                .content_bytes
+                .checked_sub(size)
+                .ok_or_else(|| over("file bytes over all layers (max_root_bytes x 2)"))?;
+        }
+        Ok(())
+    }
+}
+
 /// What pass one learns of a layer.
 pub struct LayerRead {
     pub entries: Vec<Entry>,
@@ -75,8 +136,14 @@ pub struct LayerRead {
     pub kept: BTreeMap<Origin, Vec<u8>>,
 }
 
-/// Reads the layer's headers (index `layer` in the manifest), checking its diff_id.
-pub fn read_entries(blob: &LayerBlob, layer: u32, keep: Keep<'_>) -> Result<LayerRead, String> {
+/// Reads the layer's headers (index `layer` in the manifest), checking its diff_id; each
+/// entry is charged to `budget` before anything of it is read.
+pub fn read_entries(
+    blob: &LayerBlob,
+    layer: u32,
+    keep: Keep<'_>,
+    budget: &mut Budget,
+) -> Result<LayerRead, String> {
     let stream = open(&blob.path, blob.compression).map_err(|e| e.to_string())?;
     let mut hashing = Hashing::new(stream);
     let mut read = LayerRead {
@@ -94,9 +161,13 @@ pub fn read_entries(blob: &LayerBlob, layer: u32, keep: Keep<'_>) -> Result<Laye
             let Some(parsed) = entry_of(&mut entry, origin)? else {
                 continue;
             };
+            budget.take(&parsed)?;
             if let EntryKind::File { size } = parsed.kind
                 && keep(&parsed.path, size)
             {
+                budget.kept_bytes = budget.kept_bytes.checked_sub(size).ok_or(
+                    "the image has more kernel module lists and version files than an import keeps (64 MiB)",
+                )?;
                 let mut bytes = Vec::with_capacity(size as usize);
                 entry
                     .read_to_end(&mut bytes)

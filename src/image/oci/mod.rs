@@ -52,8 +52,9 @@ pub fn build_root(
         tree: Tree::default(),
         kept: BTreeMap::new(),
     };
+    let mut budget = layer::Budget::for_rules(rules);
     for (index, blob) in layers.iter().enumerate() {
-        let read = layer::read_entries(blob, index as u32, keep).map_err(|e| {
+        let read = layer::read_entries(blob, index as u32, keep, &mut budget).map_err(|e| {
             OciError::Refused(format!("layer {} ({}): {e}", index + 1, blob.diff_id))
         })?;
         root.tree

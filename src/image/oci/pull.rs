@@ -27,9 +27,11 @@ pub struct PullSource {
     pub plain_http: bool,
 }
 
-/// A registry login. Never printed.
+/// A registry login, for the one registry it names. Never printed.
 #[derive(Clone)]
 pub struct Credentials {
+    /// HOST[:PORT]: the login is sent for this registry only.
+    pub registry: String,
     pub user: String,
     pub password: String,
 }
@@ -113,6 +115,9 @@ pub fn client() -> Result<Client, OciError> {
         .map_err(|e| OciError::Unreachable(format!("cannot build an HTTP client: {e}")))
 }
 
+/// The most layers an image may have (Docker's own limit is 127).
+const MAX_LAYERS: usize = 256;
+
 /// A registry session: the client and the authorization the registry asked for.
 struct Session<'a> {
     client: &'a Client,
@@ -128,6 +133,22 @@ pub async fn pull(
     credentials: Option<&Credentials>,
     staging: &mut Staging,
 ) -> Result<OciImage, OciError> {
+    if let Some(c) = credentials
+        && c.registry != source.host
+    {
+        return Err(OciError::Refused(format!(
+            "the registry login is for {}, not {}: a login is sent to its own registry only",
+            c.registry, source.host
+        )));
+    }
+    if let Some(c) = credentials
+        && c.registry != source.host
+    {
+        return Err(OciError::Refused(format!(
+            "the registry login is for {}, not {}: a login is sent to its own registry only",
+            c.registry, source.host
+        )));
+    }
     let mut session = Session {
         client,
         source,
@@ -167,6 +188,20 @@ pub async fn pull(
         (digest, size, media_type)
     };
     let manifest: super::spec::ImageManifest = read_json(staging, &digest)?;
+    // Bounded before anything is fetched: a layer count no builder makes, a config
+    // larger than any document is read.
+    if manifest.layers.len() > MAX_LAYERS {
+        return Err(OciError::Refused(format!(
+            "the image has {} layers; an import takes at most {MAX_LAYERS}",
+            manifest.layers.len()
+        )));
+    }
+    if manifest.config.size > staging.limits.max_json_bytes {
+        return Err(OciError::Refused(format!(
+            "the image config is {} bytes, over the {} a document may have",
+            manifest.config.size, staging.limits.max_json_bytes
+        )));
+    }
     for (what, desc) in std::iter::once(("the config".to_string(), &manifest.config)).chain(
         manifest
             .layers
@@ -254,9 +289,15 @@ impl Session<'_> {
         let response = self.get(&url, None).await?;
         let mut spool = staging.begin_blob(Some((*digest, size)), what)?;
         let mut body = response.bytes_stream();
+        let mut received = 0u64;
         while let Some(chunk) = body.next().await {
-            // A cut connection leaves a short blob, which finish_blob refuses by size.
-            let Ok(chunk) = chunk else { break };
+            // A broken connection is the network's fault, not the image's: say so.
+            let chunk = chunk.map_err(|e| {
+                OciError::Unreachable(format!(
+                    "{url}: the download broke off after {received} of {size} bytes: {e}"
+                ))
+            })?;
+            received += chunk.len() as u64;
             spool.write(&chunk)?;
         }
         staging.finish_blob(spool)?;
@@ -306,6 +347,29 @@ impl Session<'_> {
         unreachable!("the loop returns on its second attempt")
     }
 
+    /// The login goes where the registry says, over HTTPS; in clear text only to the
+    /// registry's own host, and only when plain HTTP was asked for.
+    fn check_realm(&self, realm: &str) -> Result<(), OciError> {
+        let url = url::Url::parse(realm).map_err(|_| {
+            OciError::Refused(format!("the registry's token realm {realm:?} is not a URL"))
+        })?;
+        // The host, not the port: a registry's token service often listens beside it.
+        let registry_host = self
+            .source
+            .host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(self.source.host.as_str(), |(h, _)| h);
+        let same_host = url.host_str() == Some(registry_host);
+        match url.scheme() {
+            "https" => Ok(()),
+            "http" if self.source.plain_http && same_host => Ok(()),
+            _ => Err(OciError::Refused(format!(
+                "the registry asks for the login at {realm}; it is sent only over HTTPS, or in clear to the registry itself with plain_http"
+            ))),
+        }
+    }
+
     /// The Authorization header a challenge asks for.
     async fn authenticate(&self, challenge: &str) -> Result<HeaderValue, OciError> {
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
@@ -332,6 +396,9 @@ impl Session<'_> {
         let realm = params.get("realm").ok_or_else(|| {
             OciError::Refused("the registry's Bearer challenge names no realm".into())
         })?;
+        if self.credentials.is_some() {
+            self.check_realm(realm)?;
+        }
         let mut request = self.client.get(realm.as_str());
         let mut query = Vec::new();
         if let Some(service) = params.get("service") {
@@ -479,6 +546,7 @@ mod tests {
         assert_eq!(base64(b"user:pass"), "dXNlcjpwYXNz");
         assert_eq!(base64(b"ab"), "YWI=");
         let c = Credentials {
+            registry: "r:5000".into(),
             user: "u".into(),
             password: "secret".into(),
         };

@@ -191,6 +191,11 @@ impl Tree {
             };
             let path = normalize(&entry.path).map_err(refuse)?;
             let (parent, name) = split(&path);
+            if name == WHITEOUT || (name.starts_with(b".wh..wh.") && name != OPAQUE) {
+                // A bare `.wh.` would hide its own directory; other `.wh..wh.` names are
+                // reserved by the spec.
+                return Err(refuse("a reserved whiteout name".into()));
+            }
             if name == OPAQUE {
                 self.check_ancestors(&path).map_err(refuse)?;
                 self.clear_children(parent);
@@ -313,6 +318,12 @@ impl Tree {
                 return Err(refuse(
                     "device files are refused unless the import allows them (--allow-devices)"
                         .into(),
+                ));
+            }
+            // 0:0 is an overlayfs whiteout: the node's overlay would hide the path.
+            EntryKind::Char(0, 0) => {
+                return Err(refuse(
+                    "a 0:0 character device is an overlayfs whiteout; use an OCI whiteout".into(),
                 ));
             }
             EntryKind::Char(major, minor) => Kind::Char(major, minor),
@@ -528,6 +539,13 @@ pub fn normalize(raw: &[u8]) -> Result<RootPath, String> {
 
 fn check_xattrs(meta: &Meta) -> Result<(), String> {
     for name in meta.xattrs.keys() {
+        // The root is an overlayfs lower layer on the node: overlayfs would act on these
+        // (redirects, opaque directories), so the node would see another tree.
+        if name.starts_with("trusted.overlay.") || name.starts_with("user.overlay.") {
+            return Err(format!(
+                "extended attribute {name:?} is overlayfs's own; an image may not carry it"
+            ));
+        }
         if !["user.", "security.", "trusted."]
             .iter()
             .any(|ns| name.starts_with(ns))
@@ -720,6 +738,11 @@ mod tests {
                 "'..'",
             ),
             (vec![Layer::new(0).file("", 1)], "root must be a directory"),
+            (vec![Layer::new(0).file("etc/.wh.", 0)], "reserved whiteout"),
+            (
+                vec![Layer::new(0).file(".wh..wh.plnk", 0)],
+                "reserved whiteout",
+            ),
         ];
         for (layers, needle) in cases {
             let err = build(layers).unwrap_err().to_string();
@@ -754,6 +777,36 @@ mod tests {
             .insert("system.nfs4_acl".into(), vec![1]);
         let err = build(vec![layer]).unwrap_err();
         assert!(err.reason.contains("namespace"), "{err}");
+        // overlayfs's own attributes and whiteouts would make the node see another tree.
+        let mut layer = Layer::new(0).file("d/x", 1);
+        layer.entries[0]
+            .meta
+            .xattrs
+            .insert("trusted.overlay.opaque".into(), b"y".to_vec());
+        assert!(build(vec![layer]).unwrap_err().reason.contains("overlayfs"));
+        let devices = Rules {
+            allow_devices: true,
+            ..Rules::default()
+        };
+        let err = Tree::default()
+            .apply_layer(
+                Layer::new(0)
+                    .push("etc/gone", EntryKind::Char(0, 0))
+                    .entries,
+                &devices,
+            )
+            .unwrap_err();
+        assert!(err.reason.contains("whiteout"), "{err}");
+        assert!(
+            Tree::default()
+                .apply_layer(
+                    Layer::new(0)
+                        .push("dev/null", EntryKind::Char(1, 3))
+                        .entries,
+                    &devices
+                )
+                .is_ok()
+        );
         // POSIX ACLs are dropped and counted: squashfs cannot keep them.
         let mut layer = Layer::new(0).file("a", 1);
         layer.entries[0]

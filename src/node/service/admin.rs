@@ -148,6 +148,17 @@ impl NodeService {
                     "invalid label {k:?}={v:?}: keys are 1-63 characters from A-Z a-z 0-9 . _ - /, values up to 253 visible characters"
                 )));
             }
+            // Labels whose values reach a node's boot: refused now, not ignored there.
+            if k == "rootfs-cache" && !crate::node::directory::valid_fs_label(v) {
+                return Err(AdminError::BadRequest(format!(
+                    "rootfs-cache={v:?}: a file-system label is 1-16 characters from A-Z a-z 0-9 . _ -"
+                )));
+            }
+            if k == "hostname" && !crate::node::directory::valid_hostname(v) {
+                return Err(AdminError::BadRequest(format!(
+                    "hostname={v:?} is not a host name (dot-separated parts of letters, digits and hyphens)"
+                )));
+            }
         }
         // Checked against the labels now: two racing requests may pass it together, which
         // bounds the count at twice the cap rather than leaving it unbounded.

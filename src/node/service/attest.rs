@@ -30,6 +30,8 @@ pub enum Refusal {
     Expired,
     #[error("this boot has not passed attestation; validation and heartbeats come after it")]
     NotAttested,
+    #[error("a boot's overlay is served to its stage 1 only, before the boot attests")]
+    OverlayAfterAttest,
     #[error("the report names node {claimed}, but boot {boot_id} belongs to {actual}")]
     OtherNode {
         claimed: Mac,

@@ -8,6 +8,14 @@ use crate::boot::overlay::{OverlayImage, OverlayNode, tar};
 impl NodeService {
     pub async fn overlay(&self, caller: &Caller) -> Result<Vec<u8>, AttestError> {
         let boot = caller.boot();
+        // Stage 1 fetches it before the image runs; the token stays readable on the node
+        // (/proc/cmdline) for the agent, so once the boot has attested, no one gets the
+        // node's files (keys among them) with it.
+        if boot.attested {
+            return Err(AttestError::Refused(
+                super::attest::Refusal::OverlayAfterAttest,
+            ));
+        }
         let node = self
             .store
             .node(&boot.mac)
@@ -21,7 +29,10 @@ impl NodeService {
             .overlay
             .render(&OverlayNode {
                 mac: boot.mac,
-                known_name: node.hostname.as_deref(),
+                known_name: node
+                    .hostname
+                    .as_deref()
+                    .filter(|h| crate::node::directory::valid_hostname(h)),
                 labels: &node.labels,
                 image: OverlayImage {
                     name: &image.record.name,

@@ -226,7 +226,22 @@ impl NodeService {
         let mut out = Vec::with_capacity(boots.len());
         for (boot, power) in boots.iter().zip(&power) {
             let artifacts = match self.image(&boot.image).await? {
-                Some(image) => image.record.artifacts.clone(),
+                // A rootfs is a step only where stage 1 fetches it (a two-stage image);
+                // a single-stage image's rootfs is for the image to use as it likes.
+                Some(image) => {
+                    let two_stage = image
+                        .manifest
+                        .rootfs_spec
+                        .as_ref()
+                        .is_some_and(|r| r.verity.is_some());
+                    image
+                        .record
+                        .artifacts
+                        .iter()
+                        .filter(|a| two_stage || a.role != Role::Rootfs)
+                        .cloned()
+                        .collect()
+                }
                 None => Vec::new(),
             };
             out.push(build(boot, &artifacts, power));

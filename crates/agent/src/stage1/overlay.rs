@@ -30,6 +30,7 @@ pub fn apply(bytes: &[u8], into: &Path) -> Result<Vec<PathBuf>, Stage1Error> {
             .into_owned();
         let relative = checked(&name).ok_or_else(|| invalid(format!("refused name {name:?}")))?;
         let target = into.join(&relative);
+        refuse_linked_parents(into, &relative)?;
         let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
         match entry.header().entry_type() {
             tar::EntryType::Directory => {
@@ -55,6 +56,27 @@ pub fn apply(bytes: &[u8], into: &Path) -> Result<Vec<PathBuf>, Stage1Error> {
         }
     }
     Ok(written)
+}
+
+/// Every directory on the way to `relative` under `into` that exists must be a directory,
+/// not a link: a link there (even an absolute one, which would point into this
+/// initramfs) would put the node's files somewhere else.
+fn refuse_linked_parents(into: &Path, relative: &Path) -> Result<(), Stage1Error> {
+    let mut at = into.to_path_buf();
+    let parts: Vec<_> = relative.components().collect();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        at.push(part);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(Stage1Error::Invalid(format!(
+                    "overlay: {} is a link in the image; its files are not written through it",
+                    at.display()
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// `name` as a plain relative path, or None if it would leave the root.
@@ -139,6 +161,14 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_linked_parent_directory_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/tmp", root.path().join("etc")).unwrap();
+        let e = apply(&tar(&[("etc/hostname", b"x\n", 0o644)]), root.path()).unwrap_err();
+        assert!(e.to_string().contains("is a link"), "{e}");
     }
 
     #[test]
