@@ -351,10 +351,7 @@ impl Registry {
 
     fn start_with(auth: &str) -> Self {
         let storage = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = port_for_a_child();
         let addr = format!("127.0.0.1:{port}");
         let config = storage.path().join("config.yml");
         std::fs::write(
@@ -397,6 +394,21 @@ impl Registry {
             .join(hex)
             .join("data")
     }
+}
+
+/// A free port for a program that binds it itself, outside the kernel's ephemeral range:
+/// a port from `bind(0)`, dropped and handed on, can be handed to another test's
+/// `bind(0)` meanwhile (seen: a registry took the port a `serve` test was about to use).
+fn port_for_a_child() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let base = 16_000 + (std::process::id() % 500) as u16;
+    for _ in 0..500 {
+        let port = base + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 500;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 16000-16999 for docker-registry");
 }
 
 impl Drop for Registry {
