@@ -77,6 +77,12 @@ pub struct FileConfig {
     /// `[images]`: imports of OCI images (limits, stage 1's busybox and agent).
     #[serde(default)]
     pub images: crate::image::import::ImportSettings,
+    /// `[rollouts]`: how often the rollout controller looks.
+    #[serde(default)]
+    pub rollouts: crate::rollout::run::RolloutSettings,
+    /// `[drain]`: nodes' workload schedulers, drained before a rollout reimages them.
+    #[serde(default)]
+    pub drain: crate::rollout::drain::DrainSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -223,6 +229,8 @@ pub struct ServerConfig {
     pub admin_listen: Option<SocketAddr>,
     pub power: crate::power::service::PowerSettings,
     pub images: crate::image::import::ImportSettings,
+    pub rollouts: crate::rollout::run::RolloutSettings,
+    pub drain: crate::rollout::drain::DrainSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +297,8 @@ impl ServerConfig {
             boots: file.boots,
             power: file.power,
             images: file.images,
+            rollouts: file.rollouts,
+            drain: file.drain,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

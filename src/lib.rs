@@ -18,6 +18,7 @@ pub mod leader;
 pub mod node;
 pub mod power;
 pub mod registry;
+pub mod rollout;
 pub mod server;
 pub mod store;
 pub mod storm;

@@ -32,6 +32,8 @@ pub struct Server {
     pub retention: crate::events::retention::Retention,
     /// `[reimage] agent_grace_secs`, for the BMC fallback.
     pub agent_grace_secs: u64,
+    /// The rollout controller, run under the `rollouts` role.
+    pub rollouts: crate::rollout::run::Controller,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -104,7 +106,21 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         cfg.power.clone(),
     );
     let blobs = registry.blobs.clone();
+    let rollouts = crate::rollout::service::RolloutService {
+        store: store.clone(),
+        registry: registry.clone(),
+        budget: cfg.budget.clone(),
+    };
+    let controller = crate::rollout::run::Controller {
+        store: store.clone(),
+        registry: registry.clone(),
+        budget: cfg.budget.clone(),
+        schedulers: std::sync::Arc::new(crate::rollout::drain::Schedulers::new(&cfg.drain)),
+        drain: cfg.drain.clone(),
+        tick: std::time::Duration::from_millis(cfg.rollouts.tick_ms.max(10)),
+    };
     let http = AppState {
+        rollouts: std::sync::Arc::new(rollouts),
         power: std::sync::Arc::new(power),
         registry,
         token,
@@ -124,6 +140,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         webhooks,
         policy: cfg.lifecycle.clone(),
         agent_grace_secs: cfg.budget.agent_grace_secs,
+        rollouts: controller,
         http_settings: cfg.http.clone(),
         retention: cfg.events.clone(),
     })
@@ -189,6 +206,12 @@ pub async fn run_on(
         state.nodes.controller.clone(),
         server.agent_grace_secs,
         powering,
+        state.stopping.clone(),
+    ));
+    let rolling = lead(crate::leader::ROLLOUTS);
+    state.tasks.spawn(crate::rollout::run::run(
+        server.rollouts.clone(),
+        rolling,
         state.stopping.clone(),
     ));
     // The sweeper's lease also makes one server the event pruner.

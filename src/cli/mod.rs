@@ -7,6 +7,7 @@ mod import;
 mod node;
 pub mod output;
 mod power;
+mod rollout;
 mod serve;
 
 use std::path::PathBuf;
@@ -65,6 +66,10 @@ pub enum Command {
     /// List, show, assign, label, reimage and revalidate nodes; their history and events.
     #[command(subcommand)]
     Node(node::NodeCommand),
+    /// Roll an image out over nodes in waves, gated on their health; follow, pause,
+    /// resume, abort or roll back.
+    #[command(subcommand)]
+    Rollout(rollout::RolloutCommand),
 }
 
 /// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
@@ -137,6 +142,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(_) => unreachable!("handled above"),
         Command::Image(cmd) => image::run(cmd, &client, cli.output).await,
         Command::Node(cmd) => node::run(cmd, &client, cli.output).await,
+        Command::Rollout(cmd) => rollout::run(cmd, &client, cli.output).await,
     }
 }
 

@@ -12,6 +12,7 @@ mod ipxe;
 mod nodes;
 mod power;
 pub mod range;
+mod rollouts;
 pub mod serve;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -49,6 +50,8 @@ pub struct AppState {
     pub server_id: String,
     /// Power control through nodes' BMCs.
     pub power: std::sync::Arc<crate::power::service::PowerService>,
+    /// Rollouts: the admin's requests (the controller runs as a task of its own).
+    pub rollouts: std::sync::Arc<crate::rollout::service::RolloutService>,
 }
 
 /// The most an admin JSON body may be (bundles have their own limits): a label request
@@ -142,6 +145,9 @@ fn admin_api(state: &AppState) -> Router<AppState> {
         .route("/bmcs", get(power::registrations).post(power::register))
         .route("/bmcs/{id}", delete(power::unregister))
         .route("/bmcs/{id}/power", post(power::act_registered))
+        .route("/rollouts", get(rollouts::list).post(rollouts::start))
+        .route("/rollouts/{id}", get(rollouts::show))
+        .route("/rollouts/{id}/{action}", post(rollouts::act))
         .route("/events", get(events::list))
         .route("/events/stream", get(events::stream))
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))

@@ -23,6 +23,8 @@ pub const WEBHOOKS: &str = "webhooks";
 pub const SWEEPER: &str = "sweeper";
 /// Carries reimages through BMCs to nodes that do not answer (`power::fallback`).
 pub const POWER: &str = "power";
+/// Moves rollouts along (`rollout::run`).
+pub const ROLLOUTS: &str = "rollouts";
 
 /// This process's name in the `leaders` table: host, pid and a random part (a pid
 /// repeats across restarts and containers).

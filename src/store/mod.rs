@@ -17,6 +17,7 @@ use crate::api::image::{Artifact, Image, Tag, TagMove};
 use crate::api::node::{Bmc, Node, StateChange};
 use crate::api::power::BmcRegistration;
 use crate::api::refs::{ImageRef, TagName};
+use crate::api::rollout::{RolloutState, StepStatus};
 use crate::api::{Digest, Mac, NodeState};
 
 #[derive(Debug, thiserror::Error)]
@@ -625,6 +626,150 @@ pub trait PowerStore: Send + Sync {
     ) -> Result<Option<i64>, StoreError>;
 }
 
+/// A rollout's row (`rollouts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutRow {
+    pub id: i64,
+    /// `api::rollout::RolloutRequest` as JSON.
+    pub spec_json: String,
+    pub digest: Digest,
+    pub state: RolloutState,
+    pub state_reason: String,
+    /// The wave in progress.
+    pub wave: u32,
+    pub version: i64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// One node of a rollout (`rollout_nodes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutNodeRow {
+    pub mac: Mac,
+    pub wave: u32,
+    /// The order within the rollout.
+    pub position: u32,
+    pub status: StepStatus,
+    pub previous_assigned: Option<String>,
+    pub previous_digest: Option<Digest>,
+    pub reason: String,
+    /// When the current step began (drain, reimage, rollback).
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+}
+
+/// A rollout to create, with its nodes (all pending) and the `rollout.started` reason.
+pub struct NewRollout<'a> {
+    pub spec_json: &'a str,
+    pub digest: &'a Digest,
+    pub nodes: &'a [RolloutNodeRow],
+    pub reason: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutCreated {
+    Created(i64),
+    /// A node is held by another rollout that has not ended: nothing was written.
+    Overlap {
+        mac: Mac,
+        rollout: i64,
+    },
+}
+
+/// A rollout's change of state (compare-and-set on its version), with the nodes that
+/// move with it (a rollback's) and its event, in one transaction. A state that holds
+/// no nodes gives the rollout's claims back.
+pub struct RolloutMove<'a> {
+    pub state: RolloutState,
+    pub reason: &'a str,
+    pub wave: u32,
+    pub steps: &'a [(Mac, StepStatus)],
+    pub event_kind: &'a str,
+    /// Claim the rollout's nodes again (rolling back a rollout that had ended).
+    pub reclaim: bool,
+}
+
+/// What a rollout's move came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutMoved {
+    Moved,
+    /// It changed since its version was read: nothing written.
+    Stale,
+    /// Reclaiming: a node is held by another rollout that has not ended.
+    Overlap {
+        mac: Mac,
+        rollout: i64,
+    },
+}
+
+/// One node's change of step (compare-and-set on its status), with its event. `None`
+/// times are left as they are.
+pub struct StepMove<'a> {
+    pub mac: &'a Mac,
+    pub from: StepStatus,
+    pub to: StepStatus,
+    pub reason: &'a str,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub event_kind: &'a str,
+}
+
+/// What a step's reimage came to (`RolloutStore::reimage_step`).
+#[derive(Debug, PartialEq)]
+pub enum StepReimage {
+    /// The node moved to reimaging, assigned the image, and the step moved, together.
+    Moved,
+    /// The step was not at `from` any more: nothing written.
+    StaleStep,
+    /// The reimage rule refused (or the node is gone): nothing written.
+    Refused(Box<ReimageOutcome>),
+}
+
+/// Rollouts, their nodes and the claims that keep two rollouts off one node.
+#[async_trait]
+pub trait RolloutStore: Send + Sync {
+    /// Creates the rollout, its nodes and their claims, with its `rollout.started` event,
+    /// in one transaction; refused whole when a node is claimed by a rollout not ended.
+    async fn create_rollout(&self, new: &NewRollout<'_>) -> Result<RolloutCreated, StoreError>;
+    /// Every rollout, newest first.
+    async fn rollouts(&self) -> Result<Vec<RolloutRow>, StoreError>;
+    async fn rollout(
+        &self,
+        id: i64,
+    ) -> Result<Option<(RolloutRow, Vec<RolloutNodeRow>)>, StoreError>;
+    async fn move_rollout(
+        &self,
+        id: i64,
+        version: i64,
+        m: &RolloutMove<'_>,
+    ) -> Result<RolloutMoved, StoreError>;
+    /// False when the step was not at `m.from` (nothing written).
+    async fn move_step(&self, id: i64, m: &StepMove<'_>) -> Result<bool, StoreError>;
+    /// The reimage of a step: the step still at `m.from`, the node assigned `assign` and
+    /// moved to reimaging under `rule` (the disruption budget), the step moved to `m.to`,
+    /// and their events, all in one transaction: a step is reimaging exactly when its
+    /// node was sent to reimage for it, so a restart never sends it twice.
+    async fn reimage_step(
+        &self,
+        id: i64,
+        m: &StepMove<'_>,
+        assign: &str,
+        reason: &str,
+        rule: &ReimageRule<'_>,
+    ) -> Result<StepReimage, StoreError>;
+    /// The image and start time of `mac`'s newest boot.
+    async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError>;
+    /// The first failure (attestation, validation, quarantine) in `mac`'s history since
+    /// its first boot begun at or after `since_ms`, with its reason: a failure of what it
+    /// was given then, which the failure policy's own reimage would hide from a look at
+    /// the node's state alone.
+    async fn failure_since(
+        &self,
+        mac: &Mac,
+        since_ms: i64,
+    ) -> Result<Option<(NodeState, String)>, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
@@ -638,6 +783,7 @@ pub trait Backend:
     + LeaderStore
     + RemovalStore
     + PowerStore
+    + RolloutStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

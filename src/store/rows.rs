@@ -327,3 +327,92 @@ pub(crate) fn registration(
 pub(crate) fn mac_pattern(mac: &Mac) -> String {
     format!("%\"{mac}\"%")
 }
+
+/// A `rollouts` row as both backends read it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RolloutRowRaw {
+    id: i64,
+    spec: String,
+    digest: String,
+    state: String,
+    state_reason: String,
+    wave: i64,
+    version: i64,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+}
+
+/// The columns `RolloutRowRaw` holds, for `SELECT`s of both backends.
+macro_rules! select_rollouts {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, spec, digest, state, state_reason, wave, version, created_at_ms, updated_at_ms FROM rollouts ",
+            $rest
+        )
+    };
+}
+pub(crate) use select_rollouts;
+
+pub(crate) fn rollout(r: RolloutRowRaw) -> Result<crate::store::RolloutRow, StoreError> {
+    use crate::api::rollout::RolloutState;
+    Ok(crate::store::RolloutRow {
+        id: r.id,
+        spec_json: r.spec,
+        digest: r
+            .digest
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("rollout {} digest: {e}", r.id)))?,
+        state: RolloutState::parse(&r.state)
+            .ok_or_else(|| StoreError::Corrupt(format!("rollout {} state {:?}", r.id, r.state)))?,
+        state_reason: r.state_reason,
+        wave: u32::try_from(r.wave).unwrap_or(u32::MAX),
+        version: r.version,
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+    })
+}
+
+/// A `rollout_nodes` row as both backends read it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RolloutNodeRaw {
+    mac: String,
+    wave: i64,
+    position: i64,
+    status: String,
+    previous_assigned: Option<String>,
+    previous_digest: Option<String>,
+    reason: String,
+    started_at_ms: Option<i64>,
+    finished_at_ms: Option<i64>,
+}
+
+/// The columns `RolloutNodeRaw` holds, for `SELECT`s of both backends.
+macro_rules! select_rollout_nodes {
+    ($rest:literal) => {
+        concat!(
+            "SELECT mac, wave, position, status, previous_assigned, previous_digest, reason, started_at_ms, finished_at_ms FROM rollout_nodes ",
+            $rest
+        )
+    };
+}
+pub(crate) use select_rollout_nodes;
+
+pub(crate) fn rollout_node(r: RolloutNodeRaw) -> Result<crate::store::RolloutNodeRow, StoreError> {
+    use crate::api::rollout::StepStatus;
+    let corrupt = |what: &str| StoreError::Corrupt(format!("rollout node {}: {what}", r.mac));
+    Ok(crate::store::RolloutNodeRow {
+        mac: r.mac.parse().map_err(|_| corrupt("mac"))?,
+        wave: u32::try_from(r.wave).map_err(|_| corrupt("wave"))?,
+        position: u32::try_from(r.position).map_err(|_| corrupt("position"))?,
+        status: StepStatus::parse(&r.status).ok_or_else(|| corrupt("status"))?,
+        previous_assigned: r.previous_assigned,
+        previous_digest: r
+            .previous_digest
+            .map(|d| d.parse())
+            .transpose()
+            .map_err(|_| corrupt("previous digest"))?,
+        reason: r.reason,
+        started_at_ms: r.started_at_ms,
+        finished_at_ms: r.finished_at_ms,
+    })
+}

@@ -43,6 +43,42 @@ pub fn field<'s>(script: &'s str, key: &str) -> &'s str {
         .unwrap_or_else(|| panic!("{key} not in {script}"))
 }
 
+/// A boot script that boots an image, as a node reads it (panics on any other).
+pub fn parse_boot(script: String) -> Boot {
+    let first_word_after = |prefix: &str| -> Vec<String> {
+        let mut seen = Vec::new();
+        for line in script.lines() {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let url = rest
+                    .split_whitespace()
+                    .find(|w| w.starts_with("http://"))
+                    .unwrap()
+                    .to_string();
+                if !seen.contains(&url) {
+                    seen.push(url);
+                }
+            }
+        }
+        seen
+    };
+    let mut urls = first_word_after("kernel ");
+    urls.extend(first_word_after("initrd "));
+    let kernel_line = script.lines().find(|l| l.starts_with("kernel ")).unwrap();
+    let cmdline = kernel_line
+        .split_whitespace()
+        .skip(2)
+        .take_while(|w| *w != "&&")
+        .collect::<Vec<_>>()
+        .join(" ");
+    Boot {
+        id: field(&script, "bootfleet.boot=").to_string(),
+        token: field(&script, "bootfleet.token=").to_string(),
+        cmdline,
+        urls,
+        script,
+    }
+}
+
 /// A healthy 8-GPU HGX H100 validation report (tests/fixtures/gpu/hgx-h100-healthy.json).
 pub fn healthy() -> Value {
     let path = concat!(
@@ -100,39 +136,7 @@ impl<'a> FakeNode<'a> {
 
     /// Gets a boot script that boots an image (panics on any other).
     pub async fn boot(&self) -> Boot {
-        let script = self.script().await;
-        let first_word_after = |prefix: &str| -> Vec<String> {
-            let mut seen = Vec::new();
-            for line in script.lines() {
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    let url = rest
-                        .split_whitespace()
-                        .find(|w| w.starts_with("http://"))
-                        .unwrap()
-                        .to_string();
-                    if !seen.contains(&url) {
-                        seen.push(url);
-                    }
-                }
-            }
-            seen
-        };
-        let mut urls = first_word_after("kernel ");
-        urls.extend(first_word_after("initrd "));
-        let kernel_line = script.lines().find(|l| l.starts_with("kernel ")).unwrap();
-        let cmdline = kernel_line
-            .split_whitespace()
-            .skip(2)
-            .take_while(|w| *w != "&&")
-            .collect::<Vec<_>>()
-            .join(" ");
-        Boot {
-            id: field(&script, "bootfleet.boot=").to_string(),
-            token: field(&script, "bootfleet.token=").to_string(),
-            cmdline,
-            urls,
-            script,
-        }
+        parse_boot(self.script().await)
     }
 
     /// Downloads everything the script names, as iPXE does; returns their digests.

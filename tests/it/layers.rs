@@ -38,9 +38,14 @@ const RULES: &[(&str, &[&str])] = &[
         &["api", "clock", "http_client", "leader", "node", "store"],
     ),
     (
+        "rollout",
+        &["api", "clock", "leader", "node", "registry", "store"],
+    ),
+    (
         "http",
         &[
-            "api", "auth", "clock", "events", "image", "node", "power", "registry", "tftp",
+            "api", "auth", "clock", "events", "image", "node", "power", "registry", "rollout",
+            "tftp",
         ],
     ),
     ("cli", &["api", "auth", "config", "http_client"]),
@@ -48,7 +53,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "api", "dhcp", "events", "http", "image", "node", "power", "store", "tftp",
+            "api", "dhcp", "events", "http", "image", "node", "power", "rollout", "store", "tftp",
         ],
     ),
     (
@@ -69,6 +74,7 @@ const RULES: &[(&str, &[&str])] = &[
             "node",
             "power",
             "registry",
+            "rollout",
             "store",
             "tftp",
             "udp_buffer",

@@ -23,6 +23,7 @@ mod pg;
 mod power;
 mod process;
 mod publish;
+mod rollout;
 mod s3;
 mod servers;
 mod store;

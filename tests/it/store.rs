@@ -69,6 +69,7 @@ on_both!(
     a_node_is_removed_whole_under_its_version,
     an_image_is_removed_with_the_boots_that_ran_it,
     a_bmc_registration_is_matched_once_by_mac_or_uuid,
+    rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set,
 );
 
 fn mac(i: u32) -> Mac {
@@ -927,4 +928,174 @@ async fn sqlite_writes_recover_after_the_disk_was_full() {
             .expect("a concurrent write after space came back");
     }
     store.close().await;
+}
+
+/// Two servers start rollouts over one node at once: one wins, the other keeps nothing.
+/// Steps move by compare-and-set; a step's reimage is written with the node's move (and
+/// not at all when the budget refuses); an ended rollout gives its nodes back, and
+/// rolling it back claims them again unless another holds one.
+async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: Db) {
+    use bootfleet::api::rollout::{RolloutState, StepStatus};
+    use bootfleet::store::{
+        NewRollout, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow, StepMove,
+        StepReimage,
+    };
+    let (a, b) = (db.open().await, db.open().await);
+    let old = image(&a, "gpu", "1").await;
+    let new = image(&a, "gpu", "2").await;
+    let nodes: Vec<Mac> = (0..3).map(mac).collect();
+    for m in &nodes {
+        a.discover(m, None, "test").await.unwrap();
+    }
+    open_boot(&a, &nodes[0], "boot-0", &old, None).await;
+    let row = |m: &Mac, i: u32| RolloutNodeRow {
+        mac: *m,
+        wave: i,
+        position: i,
+        status: StepStatus::Pending,
+        previous_assigned: Some("gpu:1".into()),
+        previous_digest: Some(old),
+        reason: String::new(),
+        started_at_ms: None,
+        finished_at_ms: None,
+    };
+    let rows: Vec<RolloutNodeRow> = nodes.iter().zip(0..).map(|(m, i)| row(m, i)).collect();
+    let new_rollout = |rows: &'static [RolloutNodeRow]| NewRollout {
+        spec_json: "{}",
+        digest: &new,
+        nodes: rows,
+        reason: "test",
+    };
+    let rows: &'static [RolloutNodeRow] = Box::leak(rows.into_boxed_slice());
+    let (whole, part) = (new_rollout(rows), new_rollout(&rows[1..]));
+    let (x, y) = tokio::join!(a.create_rollout(&whole), b.create_rollout(&part));
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let won = match (&x, &y) {
+        (RolloutCreated::Created(id), RolloutCreated::Overlap { rollout, .. })
+        | (RolloutCreated::Overlap { rollout, .. }, RolloutCreated::Created(id)) => {
+            assert_eq!(rollout, id);
+            *id
+        }
+        other => panic!("exactly one rollout must win: {other:?}"),
+    };
+    let all = b.rollouts().await.unwrap();
+    assert_eq!(all.len(), 1, "the loser kept nothing");
+    let (r, steps) = b.rollout(won).await.unwrap().unwrap();
+    assert_eq!((r.state, r.digest), (RolloutState::Running, new));
+    let first = steps[0].mac;
+    assert_eq!(b.latest_boot(&nodes[0]).await.unwrap().unwrap().0, old);
+
+    // A step moves once from where it was.
+    let step = |from, to| StepMove {
+        mac: &first,
+        from,
+        to,
+        reason: "test",
+        started_at_ms: Some(1),
+        finished_at_ms: None,
+        event_kind: "rollout.node-test",
+    };
+    let drain = step(StepStatus::Pending, StepStatus::Draining);
+    let (p, q) = tokio::join!(a.move_step(won, &drain), b.move_step(won, &drain));
+    assert_eq!([p.unwrap(), q.unwrap()].iter().filter(|m| **m).count(), 1);
+
+    // Over the budget: neither the node nor the step moves.
+    let refuse = |_: &bootfleet::store::NodeRecord, _: &[bootfleet::store::NodeRecord]| {
+        ReimageDecision::OverBudget("full".into())
+    };
+    let reimage = step(StepStatus::Draining, StepStatus::Reimaging);
+    let out = a
+        .reimage_step(won, &reimage, "gpu:2", "rollout", &refuse)
+        .await
+        .unwrap();
+    assert!(matches!(out, StepReimage::Refused(_)), "{out:?}");
+    let (_, steps) = b.rollout(won).await.unwrap().unwrap();
+    assert_eq!(steps[0].status, StepStatus::Draining);
+    assert_eq!(b.node(&first).await.unwrap().unwrap().assigned, None);
+    // Allowed: the node moves, is assigned, and the step moves, together; once.
+    let allow = |_: &bootfleet::store::NodeRecord, _: &[bootfleet::store::NodeRecord]| {
+        ReimageDecision::Move(NodeState::Reimaging)
+    };
+    let (p, q) = tokio::join!(
+        a.reimage_step(won, &reimage, "gpu:2", "rollout 1: test", &allow),
+        b.reimage_step(won, &reimage, "gpu:2", "rollout 1: test", &allow)
+    );
+    let outs = [p.unwrap(), q.unwrap()];
+    assert_eq!(
+        outs.iter().filter(|o| **o == StepReimage::Moved).count(),
+        1,
+        "{outs:?}"
+    );
+    assert_eq!(
+        outs.iter()
+            .filter(|o| **o == StepReimage::StaleStep)
+            .count(),
+        1,
+        "{outs:?}"
+    );
+    let node = b.node(&first).await.unwrap().unwrap();
+    assert_eq!(
+        (node.state, node.assigned.as_deref()),
+        (NodeState::Reimaging, Some("gpu:2"))
+    );
+    let history = b.node_history(&first).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .filter(|h| h.to == NodeState::Reimaging)
+            .count(),
+        1
+    );
+
+    // A failure counts only from a boot begun since.
+    assert_eq!(a.failure_since(&first, 0).await.unwrap(), None);
+
+    // The rollout moves by version; ending it gives its nodes back.
+    let (r, _) = a.rollout(won).await.unwrap().unwrap();
+    let end = RolloutMove {
+        state: RolloutState::Aborted,
+        reason: "test",
+        wave: 0,
+        steps: &[],
+        event_kind: "rollout.aborted",
+        reclaim: false,
+    };
+    let (p, q) = tokio::join!(
+        a.move_rollout(won, r.version, &end),
+        b.move_rollout(won, r.version, &end)
+    );
+    let outs = [p.unwrap(), q.unwrap()];
+    assert!(
+        outs.contains(&RolloutMoved::Moved) && outs.contains(&RolloutMoved::Stale),
+        "{outs:?}"
+    );
+    let other = match a.create_rollout(&new_rollout(&rows[2..])).await.unwrap() {
+        RolloutCreated::Created(id) => id,
+        o => panic!("the node was not given back: {o:?}"),
+    };
+    // Rolling the ended one back claims its nodes again: refused while another holds one.
+    let (r, _) = a.rollout(won).await.unwrap().unwrap();
+    let back = RolloutMove {
+        state: RolloutState::RollingBack,
+        reason: "test",
+        wave: 0,
+        steps: &[(first, StepStatus::RollbackPending)],
+        event_kind: "rollout.rolling-back",
+        reclaim: true,
+    };
+    let refused = b.move_rollout(won, r.version, &back).await.unwrap();
+    assert_eq!(
+        refused,
+        RolloutMoved::Overlap {
+            mac: rows[2].mac,
+            rollout: other
+        }
+    );
+    let (r2, steps) = b.rollout(won).await.unwrap().unwrap();
+    assert_eq!(
+        (r2.state, steps[0].status),
+        (RolloutState::Aborted, StepStatus::Reimaging)
+    );
+    a.close().await;
+    b.close().await;
 }

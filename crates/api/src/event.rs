@@ -29,6 +29,26 @@ pub mod kind {
     /// A booting node was matched to a machine registered by its BMC and given that BMC:
     /// `{id, by}` (`by` is `mac` or `uuid`).
     pub const BMC_MATCHED: &str = "bmc.matched";
+    /// A rollout began: `{rollout, reason}` (every `rollout.*` event carries
+    /// `RolloutEventData`; a node's carries the node).
+    pub const ROLLOUT_STARTED: &str = "rollout.started";
+    /// A rollout began a wave: `{rollout, wave, reason}`.
+    pub const ROLLOUT_WAVE: &str = "rollout.wave-started";
+    /// A node's scheduler says it is drained; the reimage may begin.
+    pub const ROLLOUT_NODE_DRAINED: &str = "rollout.node-drained";
+    /// A node was handed back to its scheduler after it was ready again (or its
+    /// scheduler refused: the reason says so).
+    pub const ROLLOUT_NODE_RESUMED: &str = "rollout.node-resumed";
+    /// A rollout changed state: `rollout.` and the state (`rollout.paused`,
+    /// `rollout.halted`, `rollout.finished`, ...), from `rollout_state`.
+    pub fn rollout_state(state: crate::rollout::RolloutState) -> String {
+        format!("rollout.{state}")
+    }
+    /// A node of a rollout changed status: `rollout.node-` and the status
+    /// (`rollout.node-draining`, `rollout.node-done`, `rollout.node-failed`, ...).
+    pub fn rollout_node(status: crate::rollout::StepStatus) -> String {
+        format!("rollout.node-{status}")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ pub mod mac;
 pub mod node;
 pub mod power;
 pub mod refs;
+pub mod rollout;
 
 pub use digest::{Digest, DigestError};
 pub use mac::{Mac, MacError};

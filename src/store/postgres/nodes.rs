@@ -121,6 +121,52 @@ pub(super) async fn written(pool: &sqlx::PgPool, mac: &Mac) -> Result<NodeRecord
         .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
 }
 
+/// A reimage request's decision and, when `rule` moves the node, its writes (state,
+/// history, event; `assign` too when given), inside the caller's transaction, under the
+/// REIMAGE lock (the disruption budget across servers). None: the node moved and the
+/// caller commits; else what to answer, nothing written.
+pub(super) async fn reimage_in(
+    conn: &mut sqlx::PgConnection,
+    mac: &Mac,
+    reason: &str,
+    rule: &ReimageRule<'_>,
+    assign: Option<&str>,
+) -> Result<Option<ReimageOutcome>, StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock::REIMAGE)
+        .execute(&mut *conn)
+        .await?;
+    // FOR UPDATE: the node's own state change (its attestation, say) waits for this
+    // decision rather than being overwritten by it.
+    let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = $1 FOR UPDATE"))
+        .bind(mac.to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(node) = row.map(rows::node).transpose()? else {
+        return Ok(Some(ReimageOutcome::UnknownNode));
+    };
+    let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = $1"))
+        .bind(NodeState::Reimaging.as_str())
+        .fetch_all(&mut *conn)
+        .await?;
+    let reimaging = rows::nodes(rows)?;
+    let to = match rule(&node, &reimaging) {
+        ReimageDecision::Move(to) => to,
+        refused => return Ok(Some(ReimageOutcome::Refused(refused, node))),
+    };
+    let now = now_ms();
+    sqlx::query("UPDATE nodes SET state = $1, state_reason = $2, assigned_ref = COALESCE($3, assigned_ref), version = version + 1, updated_at_ms = $4 WHERE mac = $5")
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(assign)
+        .bind(now)
+        .bind(mac.to_string())
+        .execute(&mut *conn)
+        .await?;
+    insert_history(conn, mac, Some(node.state), to, reason, now).await?;
+    Ok(None)
+}
+
 #[async_trait]
 impl NodeStore for PgStore {
     async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
@@ -297,37 +343,9 @@ impl NodeStore for PgStore {
         rule: &ReimageRule<'_>,
     ) -> Result<ReimageOutcome, StoreError> {
         let mut tx = self.tx().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(lock::REIMAGE)
-            .execute(&mut *tx)
-            .await?;
-        // FOR UPDATE: the node's own state change (its attestation, say) waits for this
-        // decision rather than being overwritten by it.
-        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = $1 FOR UPDATE"))
-            .bind(mac.to_string())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(node) = row.map(rows::node).transpose()? else {
-            return Ok(ReimageOutcome::UnknownNode);
-        };
-        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = $1"))
-            .bind(NodeState::Reimaging.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
-        let reimaging = rows::nodes(rows)?;
-        let to = match rule(&node, &reimaging) {
-            ReimageDecision::Move(to) => to,
-            refused => return Ok(ReimageOutcome::Refused(refused, node)),
-        };
-        let now = now_ms();
-        sqlx::query("UPDATE nodes SET state = $1, state_reason = $2, version = version + 1, updated_at_ms = $3 WHERE mac = $4")
-            .bind(to.as_str())
-            .bind(reason)
-            .bind(now)
-            .bind(mac.to_string())
-            .execute(&mut *tx)
-            .await?;
-        insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
+        if let Some(refused) = reimage_in(&mut tx, mac, reason, rule, None).await? {
+            return Ok(refused);
+        }
         tx.commit().await?;
         self.notify_events();
         Ok(ReimageOutcome::Accepted(written(&self.pool, mac).await?))

@@ -11,6 +11,7 @@ mod node_cache;
 mod nodes;
 mod power;
 mod removal;
+mod rollouts;
 
 use std::path::Path;
 use std::time::Duration;

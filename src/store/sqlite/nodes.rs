@@ -17,7 +17,7 @@ use crate::store::{
 
 /// The history row and the event of a state change; always in the transaction of the
 /// change itself. Callers notify event readers after committing.
-async fn insert_history(
+pub(super) async fn insert_history(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
     from: Option<NodeState>,
@@ -108,6 +108,45 @@ async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord
         .fetch_optional(pool)
         .await?;
     row.map(rows::node).transpose()
+}
+
+/// A reimage request's decision and, when `rule` moves the node, its writes (state,
+/// history, event; `assign` too when given), inside the caller's write transaction.
+/// None: the node moved and the caller commits; else what to answer, nothing written.
+pub(super) async fn reimage_in(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    reason: &str,
+    rule: &ReimageRule<'_>,
+    assign: Option<&str>,
+) -> Result<Option<ReimageOutcome>, StoreError> {
+    let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+        .bind(mac.to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(node) = row.map(rows::node).transpose()? else {
+        return Ok(Some(ReimageOutcome::UnknownNode));
+    };
+    let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = ?"))
+        .bind(NodeState::Reimaging.as_str())
+        .fetch_all(&mut *conn)
+        .await?;
+    let reimaging = rows::nodes(rows)?;
+    let to = match rule(&node, &reimaging) {
+        ReimageDecision::Move(to) => to,
+        refused => return Ok(Some(ReimageOutcome::Refused(refused, node))),
+    };
+    let now = now_ms();
+    sqlx::query("UPDATE nodes SET state = ?, state_reason = ?, assigned_ref = COALESCE(?, assigned_ref), version = version + 1, updated_at_ms = ? WHERE mac = ?")
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(assign)
+        .bind(now)
+        .bind(mac.to_string())
+        .execute(&mut *conn)
+        .await?;
+    insert_history(conn, mac, Some(node.state), to, reason, now).await?;
+    Ok(None)
 }
 
 #[async_trait]
@@ -310,31 +349,9 @@ impl NodeStore for SqliteStore {
         rule: &ReimageRule<'_>,
     ) -> Result<ReimageOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
-        let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
-            .bind(mac.to_string())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(node) = row.map(rows::node).transpose()? else {
-            return Ok(ReimageOutcome::UnknownNode);
-        };
-        let rows: Vec<NodeRow> = sqlx::query_as(select_nodes!("WHERE state = ?"))
-            .bind(NodeState::Reimaging.as_str())
-            .fetch_all(&mut *tx)
-            .await?;
-        let reimaging = rows::nodes(rows)?;
-        let to = match rule(&node, &reimaging) {
-            ReimageDecision::Move(to) => to,
-            refused => return Ok(ReimageOutcome::Refused(refused, node)),
-        };
-        let now = now_ms();
-        sqlx::query("UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
-            .bind(to.as_str())
-            .bind(reason)
-            .bind(now)
-            .bind(mac.to_string())
-            .execute(&mut *tx)
-            .await?;
-        insert_history(&mut tx, mac, Some(node.state), to, reason, now).await?;
+        if let Some(refused) = reimage_in(&mut tx, mac, reason, rule, None).await? {
+            return Ok(refused);
+        }
         tx.commit().await?;
         self.notify_events();
         let node = self

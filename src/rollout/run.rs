@@ -1,0 +1,616 @@
+//! The rollout controller, one server at a time (the `rollouts` role): every tick it
+//! reads each active rollout, asks its schedulers how their drains stand, asks
+//! `plan::tick` what that means, and writes it. Every write is a compare-and-set in the
+//! store (a step from its status, a rollout from its version), and a step's reimage is
+//! written with the node's move to reimaging, so a server killed anywhere here leaves a
+//! state the next holder goes on from: no node is reimaged twice, none is skipped.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::event::kind;
+use crate::api::refs::ImageRef;
+use crate::api::rollout::{RolloutEventData, RolloutRequest, RolloutState, StepStatus};
+use crate::api::{Digest, Mac, NodeState};
+use crate::clock::now_ms;
+use crate::node::reimage::{DisruptionBudget, decide};
+use crate::registry::Registry;
+use crate::store::{
+    NodeRecord, ReimageDecision, ReimageOutcome, RolloutMove, RolloutNodeRow, RolloutRow, StepMove,
+    StepReimage, Store, StoreError,
+};
+
+use super::drain::{Drain, DrainSettings, Schedulers, Target};
+use super::plan::{self, Action, Change, NodeNow, StepNow};
+
+/// `[rollouts]`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSettings {
+    /// Milliseconds between the controller's looks at active rollouts.
+    pub tick_ms: u64,
+}
+
+impl Default for RolloutSettings {
+    fn default() -> Self {
+        Self { tick_ms: 1000 }
+    }
+}
+
+#[derive(Clone)]
+pub struct Controller {
+    pub store: Store,
+    pub registry: Registry,
+    pub budget: DisruptionBudget,
+    pub schedulers: Arc<Schedulers>,
+    pub drain: DrainSettings,
+    pub tick: Duration,
+}
+
+/// Looks at active rollouts while this server holds the role, until `stop`.
+pub async fn run(ctrl: Controller, mut leading: watch::Receiver<bool>, stop: CancellationToken) {
+    loop {
+        if !crate::leader::until_leading(&mut leading, &stop).await {
+            return;
+        }
+        while *leading.borrow() {
+            if let Err(e) = ctrl.tick_all().await {
+                tracing::warn!(error = %e, "rollout controller: a look failed; trying again next tick");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(ctrl.tick) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// One step's move, its times set as the new status wants.
+fn step_move<'a>(
+    mac: &'a Mac,
+    from: StepStatus,
+    to: StepStatus,
+    reason: &'a str,
+    kind: &'a str,
+) -> StepMove<'a> {
+    let now = now_ms();
+    let starts = to.in_flight();
+    let finishes = matches!(
+        to,
+        StepStatus::Done
+            | StepStatus::Failed
+            | StepStatus::Skipped
+            | StepStatus::RolledBack
+            | StepStatus::RollbackFailed
+    );
+    StepMove {
+        mac,
+        from,
+        to,
+        reason,
+        started_at_ms: starts.then_some(now),
+        finished_at_ms: finishes.then_some(now),
+        event_kind: kind,
+    }
+}
+
+impl Controller {
+    pub async fn tick_all(&self) -> Result<(), StoreError> {
+        for row in self.store.rollouts().await? {
+            if row.state.holds_nodes() {
+                self.tick_one(row.id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn tick_one(&self, id: i64) -> Result<(), StoreError> {
+        let Some((row, rows)) = self.store.rollout(id).await? else {
+            return Ok(());
+        };
+        let spec: RolloutRequest = serde_json::from_str(&row.spec_json)
+            .map_err(|e| StoreError::Corrupt(format!("rollout {id} spec: {e}")))?;
+        let mut steps = Vec::with_capacity(rows.len());
+        let mut records = std::collections::HashMap::new();
+        for r in rows {
+            let wanted = r.status.in_flight()
+                || r.status == StepStatus::RollbackPending
+                || (r.status == StepStatus::Pending && r.wave == row.wave);
+            let node = if wanted {
+                self.store.node(&r.mac).await?
+            } else {
+                None
+            };
+            let now = match &node {
+                Some(n) => Some(self.node_now(n, &r).await?),
+                None if wanted => None,
+                // Not looked at: what the plan never judges needs no view.
+                None => Some(NodeNow {
+                    state: NodeState::Ready,
+                    state_reason: String::new(),
+                    booted: None,
+                    booted_at: None,
+                    failed: None,
+                }),
+            };
+            if let Some(n) = node {
+                records.insert(r.mac, n);
+            }
+            steps.push(StepNow { row: r, node: now });
+        }
+        let drained = self.drains(&row, &spec, &steps, &records).await;
+        let actions = plan::tick(&row, &spec, &steps, &drained, self.drain.rules(), now_ms());
+        for action in actions {
+            self.apply(&row, &spec, &steps, &records, action).await?;
+        }
+        Ok(())
+    }
+
+    async fn node_now(&self, n: &NodeRecord, step: &RolloutNodeRow) -> Result<NodeNow, StoreError> {
+        // Only a node in flight is judged: its newest boot, and its failures since.
+        let (booted, booted_at) = if step.status.in_flight() {
+            self.store.latest_boot(&n.mac).await?.unzip()
+        } else {
+            (None, None)
+        };
+        let failed = match step.started_at_ms {
+            Some(since) if step.status.in_flight() && n.state != NodeState::Ready => {
+                self.store.failure_since(&n.mac, since).await?
+            }
+            _ => None,
+        };
+        Ok(NodeNow {
+            state: n.state,
+            state_reason: n.state_reason.clone(),
+            booted,
+            booted_at,
+            failed,
+        })
+    }
+
+    /// The draining nodes whose scheduler says they are drained; a drain the scheduler
+    /// does not know of (asked before a restart, or resumed by someone) is asked again.
+    async fn drains(
+        &self,
+        row: &RolloutRow,
+        spec: &RolloutRequest,
+        steps: &[StepNow],
+        records: &std::collections::HashMap<Mac, NodeRecord>,
+    ) -> HashSet<Mac> {
+        let mut drained = HashSet::new();
+        for s in steps
+            .iter()
+            .filter(|s| s.row.status == StepStatus::Draining)
+        {
+            let Some(node) = records.get(&s.row.mac) else {
+                continue;
+            };
+            let Ok(Some(scheduler)) = self.schedulers.of(node) else {
+                continue;
+            };
+            let target = Target::from(node);
+            match scheduler.state(&target).await {
+                Ok(Drain::Drained) => {
+                    drained.insert(s.row.mac);
+                }
+                Ok(Drain::Draining) => {}
+                Ok(Drain::NotDraining) => {
+                    if let Err(e) = scheduler.drain(&target, &drain_reason(row, spec)).await {
+                        tracing::warn!(mac = %s.row.mac, error = %e, "cannot ask for the drain");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(mac = %s.row.mac, error = %e, "cannot ask how the drain stands")
+                }
+            }
+        }
+        drained
+    }
+
+    async fn apply(
+        &self,
+        row: &RolloutRow,
+        spec: &RolloutRequest,
+        steps: &[StepNow],
+        records: &std::collections::HashMap<Mac, NodeRecord>,
+        action: Action,
+    ) -> Result<(), StoreError> {
+        let id = row.id;
+        let store = &self.store;
+        let ev = |s: StepStatus| kind::rollout_node(s);
+        match action {
+            Action::Done(mac) => {
+                self.resume(row, &mac, records).await?;
+                let k = ev(StepStatus::Done);
+                let why = format!("ready on {}", row.digest);
+                store
+                    .move_step(
+                        id,
+                        &step_move(&mac, StepStatus::Reimaging, StepStatus::Done, &why, &k),
+                    )
+                    .await?;
+            }
+            Action::Fail(mac, why) => {
+                let k = ev(StepStatus::Failed);
+                store
+                    .move_step(
+                        id,
+                        &step_move(&mac, StepStatus::Reimaging, StepStatus::Failed, &why, &k),
+                    )
+                    .await?;
+            }
+            Action::Start(mac) => self.start(row, spec, &mac, records).await?,
+            Action::Again(mac, status) => {
+                let Some(step) = steps.iter().find(|s| s.row.mac == mac) else {
+                    return Ok(());
+                };
+                let assign = match (status, step.row.previous_digest) {
+                    (StepStatus::RollingBack, Some(previous)) => {
+                        match &step.row.previous_assigned {
+                            Some(r) => self.assignment(r, &previous).await,
+                            None => previous.to_string(),
+                        }
+                    }
+                    _ => self.assignment(&spec.image, &row.digest).await,
+                };
+                self.reimage(row, spec, &mac, status, status, &assign)
+                    .await?;
+            }
+            Action::Reimage(mac) => {
+                let assign = self.assignment(&spec.image, &row.digest).await;
+                self.reimage(
+                    row,
+                    spec,
+                    &mac,
+                    StepStatus::Draining,
+                    StepStatus::Reimaging,
+                    &assign,
+                )
+                .await?;
+            }
+            Action::Skip(mac, why) => {
+                self.resume(row, &mac, records).await?;
+                let k = ev(StepStatus::Skipped);
+                store
+                    .move_step(
+                        id,
+                        &step_move(&mac, StepStatus::Draining, StepStatus::Skipped, &why, &k),
+                    )
+                    .await?;
+            }
+            Action::CancelDrain(mac) => {
+                self.resume(row, &mac, records).await?;
+                let k = ev(StepStatus::Skipped);
+                let why = "the rollout is rolling back: not reimaged";
+                store
+                    .move_step(
+                        id,
+                        &step_move(&mac, StepStatus::Draining, StepStatus::Skipped, why, &k),
+                    )
+                    .await?;
+            }
+            Action::QueueRollback(mac) => {
+                let k = ev(StepStatus::RollbackPending);
+                let why = "reimaged while the rollout began rolling back";
+                store
+                    .move_step(
+                        id,
+                        &step_move(
+                            &mac,
+                            StepStatus::Reimaging,
+                            StepStatus::RollbackPending,
+                            why,
+                            &k,
+                        ),
+                    )
+                    .await?;
+            }
+            Action::StartRollback(mac) => {
+                let Some(step) = steps.iter().find(|s| s.row.mac == mac) else {
+                    return Ok(());
+                };
+                let Some(previous) = step.row.previous_digest else {
+                    let k = ev(StepStatus::RollbackFailed);
+                    let why = "no earlier boot to return to";
+                    store
+                        .move_step(
+                            id,
+                            &step_move(
+                                &mac,
+                                StepStatus::RollbackPending,
+                                StepStatus::RollbackFailed,
+                                why,
+                                &k,
+                            ),
+                        )
+                        .await?;
+                    return Ok(());
+                };
+                let assign = match &step.row.previous_assigned {
+                    Some(r) => self.assignment(r, &previous).await,
+                    None => previous.to_string(),
+                };
+                self.reimage(
+                    row,
+                    spec,
+                    &mac,
+                    StepStatus::RollbackPending,
+                    StepStatus::RollingBack,
+                    &assign,
+                )
+                .await?;
+            }
+            Action::RolledBack(mac) => {
+                self.resume(row, &mac, records).await?;
+                let k = ev(StepStatus::RolledBack);
+                let why = "ready on its previous image";
+                store
+                    .move_step(
+                        id,
+                        &step_move(
+                            &mac,
+                            StepStatus::RollingBack,
+                            StepStatus::RolledBack,
+                            why,
+                            &k,
+                        ),
+                    )
+                    .await?;
+            }
+            Action::RollbackFailed(mac, why) => {
+                let k = ev(StepStatus::RollbackFailed);
+                store
+                    .move_step(
+                        id,
+                        &step_move(
+                            &mac,
+                            StepStatus::RollingBack,
+                            StepStatus::RollbackFailed,
+                            &why,
+                            &k,
+                        ),
+                    )
+                    .await?;
+            }
+            Action::Rollout(change) => self.change(row, change).await?,
+        }
+        Ok(())
+    }
+
+    /// What a node is assigned for `digest`: `reference` while it still means that
+    /// digest (a tag keeps being followed), else the digest itself.
+    async fn assignment(&self, reference: &str, digest: &Digest) -> String {
+        let resolved = match ImageRef::parse(reference) {
+            Ok(r) => self.registry.resolve(&r).await.ok(),
+            Err(_) => None,
+        };
+        if resolved.as_ref() == Some(digest) {
+            reference.to_string()
+        } else {
+            digest.to_string()
+        }
+    }
+
+    async fn start(
+        &self,
+        row: &RolloutRow,
+        spec: &RolloutRequest,
+        mac: &Mac,
+        records: &std::collections::HashMap<Mac, NodeRecord>,
+    ) -> Result<(), StoreError> {
+        let id = row.id;
+        let Some(node) = records.get(mac) else {
+            let k = kind::rollout_node(StepStatus::Failed);
+            let why = "the node was removed";
+            self.store
+                .move_step(
+                    id,
+                    &step_move(mac, StepStatus::Pending, StepStatus::Failed, why, &k),
+                )
+                .await?;
+            return Ok(());
+        };
+        match self.schedulers.of(node) {
+            Err(e) => {
+                let k = kind::rollout_node(StepStatus::Failed);
+                let why = e.to_string();
+                self.store
+                    .move_step(
+                        id,
+                        &step_move(mac, StepStatus::Pending, StepStatus::Failed, &why, &k),
+                    )
+                    .await?;
+            }
+            Ok(Some(scheduler)) => {
+                let k = kind::rollout_node(StepStatus::Draining);
+                let reason = drain_reason(row, spec);
+                let moved = self
+                    .store
+                    .move_step(
+                        id,
+                        &step_move(mac, StepStatus::Pending, StepStatus::Draining, &reason, &k),
+                    )
+                    .await?;
+                // Asked after the step is written: a restart in between asks again.
+                if moved && let Err(e) = scheduler.drain(&Target::from(node), &reason).await {
+                    tracing::warn!(%mac, error = %e, "cannot ask for the drain; asking again next tick");
+                }
+            }
+            Ok(None) => {
+                let assign = self.assignment(&spec.image, &row.digest).await;
+                self.reimage(
+                    row,
+                    spec,
+                    mac,
+                    StepStatus::Pending,
+                    StepStatus::Reimaging,
+                    &assign,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The step's reimage under the disruption budget; a budget that is spent, or a
+    /// node already reimaging for someone else (its failure policy, an admin), waits for
+    /// the next tick. Not joined: such a node may have its script already, and would
+    /// come up on what it was given then.
+    async fn reimage(
+        &self,
+        row: &RolloutRow,
+        spec: &RolloutRequest,
+        mac: &Mac,
+        from: StepStatus,
+        to: StepStatus,
+        assign: &str,
+    ) -> Result<(), StoreError> {
+        let k = kind::rollout_node(to);
+        let why = format!("reimaging onto {assign}");
+        let m = step_move(mac, from, to, &why, &k);
+        let reason = format!("rollout {}: {}", row.id, spec.reason.trim());
+        let rule = |n: &NodeRecord, reimaging: &[NodeRecord]| decide(n, reimaging, &self.budget);
+        let failed = |why: String| async move {
+            let to = if to == StepStatus::RollingBack {
+                StepStatus::RollbackFailed
+            } else {
+                StepStatus::Failed
+            };
+            let k = kind::rollout_node(to);
+            self.store
+                .move_step(row.id, &step_move(mac, from, to, &why, &k))
+                .await
+        };
+        let outcome = match self
+            .store
+            .reimage_step(row.id, &m, assign, &reason, &rule)
+            .await?
+        {
+            StepReimage::Moved | StepReimage::StaleStep => return Ok(()),
+            StepReimage::Refused(outcome) => *outcome,
+        };
+        match outcome {
+            ReimageOutcome::Refused(
+                ReimageDecision::OverBudget(_) | ReimageDecision::AlreadyReimaging,
+                _,
+            ) => {}
+            ReimageOutcome::Refused(ReimageDecision::NotAllowed(why), _) => {
+                failed(why).await?;
+            }
+            ReimageOutcome::UnknownNode => {
+                failed("the node was removed".into()).await?;
+            }
+            other => {
+                tracing::warn!(%mac, ?other, "rollout reimage: unexpected answer; trying again next tick");
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a node back to its scheduler, recording what came of it (a scheduler that
+    /// refuses costs an event, not the rollout).
+    async fn resume(
+        &self,
+        row: &RolloutRow,
+        mac: &Mac,
+        records: &std::collections::HashMap<Mac, NodeRecord>,
+    ) -> Result<(), StoreError> {
+        let Some(node) = records.get(mac) else {
+            return Ok(());
+        };
+        let Ok(Some(scheduler)) = self.schedulers.of(node) else {
+            return Ok(());
+        };
+        let reason = match scheduler
+            .resume(&Target::from(node), &format!("rollout {}", row.id))
+            .await
+        {
+            Ok(()) => "handed back to its scheduler".to_string(),
+            Err(e) => format!("not handed back to its scheduler: {e}"),
+        };
+        let data = RolloutEventData {
+            rollout: row.id,
+            wave: None,
+            reason,
+        };
+        self.store
+            .record_event(
+                kind::ROLLOUT_NODE_RESUMED,
+                Some(mac),
+                &serde_json::to_value(&data).expect("serialises"),
+            )
+            .await
+    }
+
+    async fn change(&self, row: &RolloutRow, change: Change) -> Result<(), StoreError> {
+        let halted = kind::rollout_state(RolloutState::Halted);
+        let (state, reason, wave, steps, event_kind) = match change {
+            Change::NextWave { wave, pause: true } => (
+                RolloutState::Paused,
+                "paused after the canary wave: resume to go on".to_string(),
+                wave,
+                vec![],
+                kind::rollout_state(RolloutState::Paused),
+            ),
+            Change::NextWave { wave, pause: false } => (
+                RolloutState::Running,
+                format!("wave {wave}"),
+                wave,
+                vec![],
+                kind::ROLLOUT_WAVE.to_string(),
+            ),
+            Change::Halt { reason, rollback } if rollback.is_empty() => {
+                (RolloutState::Halted, reason, row.wave, vec![], halted)
+            }
+            Change::Halt { reason, rollback } => {
+                let reason = format!("{reason}: rolling back {} node(s)", rollback.len());
+                let steps = rollback
+                    .into_iter()
+                    .map(|m| (m, StepStatus::RollbackPending))
+                    .collect();
+                (RolloutState::RollingBack, reason, row.wave, steps, halted)
+            }
+            Change::Finish => (
+                RolloutState::Finished,
+                "every node is settled".to_string(),
+                row.wave,
+                vec![],
+                kind::rollout_state(RolloutState::Finished),
+            ),
+            Change::RolledBack => (
+                RolloutState::RolledBack,
+                "every node rolled back is settled".to_string(),
+                row.wave,
+                vec![],
+                kind::rollout_state(RolloutState::RolledBack),
+            ),
+        };
+        let steps: Vec<(Mac, StepStatus)> = steps;
+        let m = RolloutMove {
+            state,
+            reason: &reason,
+            wave,
+            steps: &steps,
+            event_kind: &event_kind,
+            reclaim: false,
+        };
+        // A stale version: an admin acted meanwhile; the next tick decides afresh.
+        self.store
+            .move_rollout(row.id, row.version, &m)
+            .await
+            .map(drop)
+    }
+}
+
+fn drain_reason(row: &RolloutRow, spec: &RolloutRequest) -> String {
+    format!(
+        "rollout {} to {}: {}",
+        row.id,
+        spec.image,
+        spec.reason.trim()
+    )
+}

@@ -1,0 +1,320 @@
+//! The admin's requests: start a rollout (the REF resolved and the nodes selected once,
+//! their waves and previous images recorded), list, show, and pause, resume, abort or
+//! roll back one. The controller (`run.rs`) does the moving.
+
+use std::collections::BTreeMap;
+
+use crate::api::event::kind;
+use crate::api::node::NodeQuery;
+use crate::api::refs::ImageRef;
+use crate::api::rollout::{
+    Rollout, RolloutNode, RolloutRequest, RolloutState, RolloutSummary, StepStatus, WaveProgress,
+};
+use crate::clock::format_ms;
+use crate::node::reimage::DisruptionBudget;
+use crate::node::selector::NodeFilter;
+use crate::registry::{Registry, RegistryError};
+use crate::store::{
+    NewRollout, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow, RolloutRow, Store,
+    StoreError,
+};
+
+use super::plan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no rollout {0}")]
+    NotFound(i64),
+    /// Another rollout holds a node, or the rollout's state does not allow the action.
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An admin's action on a running rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAction {
+    Pause,
+    Resume,
+    Abort,
+    Rollback,
+}
+
+impl AdminAction {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pause" => Self::Pause,
+            "resume" => Self::Resume,
+            "abort" => Self::Abort,
+            "rollback" => Self::Rollback,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone)]
+pub struct RolloutService {
+    pub store: Store,
+    pub registry: Registry,
+    /// Its group label (e.g. rack) spreads each wave over the groups.
+    pub budget: DisruptionBudget,
+}
+
+/// How many times an admin action is retried when the controller moved the rollout
+/// between its read and its write.
+const CAS_ATTEMPTS: usize = 5;
+
+fn check_request(r: &RolloutRequest) -> Result<(), RolloutError> {
+    let bad = |m: &str| Err(RolloutError::BadRequest(m.into()));
+    let reason = r.reason.trim();
+    if reason.is_empty() || reason.len() > 1024 {
+        return bad("a rollout needs a reason (1-1024 characters)");
+    }
+    if r.selector.trim().is_empty() {
+        return bad(
+            "a rollout needs a selector (rack=r12,sku=hgx-h100): it is never the whole fleet by default",
+        );
+    }
+    if r.max_unavailable == 0 {
+        return bad("max-unavailable is at least 1");
+    }
+    if r.timeout_secs == 0 || r.timeout_secs > 7 * 24 * 3600 {
+        return bad("the timeout is 1 s to 7 days");
+    }
+    Ok(())
+}
+
+impl RolloutService {
+    pub async fn start(&self, req: RolloutRequest) -> Result<Rollout, RolloutError> {
+        check_request(&req)?;
+        let reference =
+            ImageRef::parse(&req.image).map_err(|e| RolloutError::BadRequest(e.to_string()))?;
+        let digest = self.registry.resolve(&reference).await?;
+        let filter = NodeFilter::parse(&NodeQuery {
+            selector: Some(req.selector.clone()),
+            ..Default::default()
+        })
+        .map_err(RolloutError::BadRequest)?;
+        let nodes: Vec<_> = self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| filter.matches(&n.clone().into()))
+            .collect();
+        if nodes.is_empty() {
+            return Err(RolloutError::BadRequest(format!(
+                "no node matches the selector {:?}",
+                req.selector
+            )));
+        }
+        if req.canary as usize > nodes.len() {
+            return Err(RolloutError::BadRequest(format!(
+                "{} canaries asked for, {} node(s) selected",
+                req.canary,
+                nodes.len()
+            )));
+        }
+        let size = plan::wave_size(&req.wave, nodes.len()).map_err(RolloutError::BadRequest)?;
+        let group = self.budget.group_label.as_deref();
+        let grouped: Vec<_> = nodes
+            .iter()
+            .map(|n| (n.mac, group.and_then(|g| n.labels.get(g).cloned())))
+            .collect();
+        let by_mac: BTreeMap<_, _> = nodes.iter().map(|n| (n.mac, n)).collect();
+        let mut rows = Vec::with_capacity(nodes.len());
+        for (mac, wave, position) in plan::waves(&grouped, req.canary as usize, size) {
+            let previous = self.store.latest_boot(&mac).await?.map(|(d, _)| d);
+            rows.push(RolloutNodeRow {
+                mac,
+                wave,
+                position,
+                status: StepStatus::Pending,
+                previous_assigned: by_mac[&mac].assigned.clone(),
+                previous_digest: previous,
+                reason: String::new(),
+                started_at_ms: None,
+                finished_at_ms: None,
+            });
+        }
+        let spec_json = serde_json::to_string(&req).expect("a request serialises");
+        let created = self
+            .store
+            .create_rollout(&NewRollout {
+                spec_json: &spec_json,
+                digest: &digest,
+                nodes: &rows,
+                reason: req.reason.trim(),
+            })
+            .await?;
+        match created {
+            RolloutCreated::Created(id) => self.show(id).await,
+            RolloutCreated::Overlap { mac, rollout } => Err(RolloutError::Conflict(format!(
+                "node {mac} is in rollout {rollout}, which has not ended: wait for it, abort it, or narrow the selector"
+            ))),
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<RolloutSummary>, RolloutError> {
+        let mut out = Vec::new();
+        for row in self.store.rollouts().await? {
+            let Some(r) = self.read(row.id).await.ok() else {
+                continue;
+            };
+            let count = |s: StepStatus| r.nodes.iter().filter(|n| n.status == s).count() as u32;
+            out.push(RolloutSummary {
+                id: r.id,
+                image: r.spec.image.clone(),
+                digest: r.digest,
+                selector: r.spec.selector.clone(),
+                state: r.state,
+                state_reason: r.state_reason.clone(),
+                wave: r.wave,
+                waves: r.waves.len() as u32,
+                nodes: r.nodes.len() as u32,
+                done: count(StepStatus::Done),
+                failed: count(StepStatus::Failed),
+                created_at: r.created_at.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    pub async fn show(&self, id: i64) -> Result<Rollout, RolloutError> {
+        self.read(id).await
+    }
+
+    async fn read(&self, id: i64) -> Result<Rollout, RolloutError> {
+        let (row, nodes) = self
+            .store
+            .rollout(id)
+            .await?
+            .ok_or(RolloutError::NotFound(id))?;
+        Ok(to_api(&row, &nodes)?)
+    }
+
+    /// Pause, resume, abort or roll back, by compare-and-set against the controller.
+    pub async fn act(
+        &self,
+        id: i64,
+        action: AdminAction,
+        reason: &str,
+    ) -> Result<Rollout, RolloutError> {
+        let reason = reason.trim();
+        if reason.is_empty() || reason.len() > 1024 {
+            return Err(RolloutError::BadRequest(
+                "an action needs a reason (1-1024 characters)".into(),
+            ));
+        }
+        for _ in 0..CAS_ATTEMPTS {
+            let (row, nodes) = self
+                .store
+                .rollout(id)
+                .await?
+                .ok_or(RolloutError::NotFound(id))?;
+            let (state, steps) = admin_move(&row, &nodes, action)?;
+            let kind = kind::rollout_state(state);
+            let m = RolloutMove {
+                state,
+                reason,
+                wave: row.wave,
+                steps: &steps,
+                event_kind: &kind,
+                reclaim: !row.state.holds_nodes(),
+            };
+            match self.store.move_rollout(id, row.version, &m).await? {
+                RolloutMoved::Moved => return self.read(id).await,
+                RolloutMoved::Stale => continue,
+                RolloutMoved::Overlap { mac, rollout } => {
+                    return Err(RolloutError::Conflict(format!(
+                        "node {mac} is in rollout {rollout} now: end that one before rolling this one back"
+                    )));
+                }
+            }
+        }
+        Err(RolloutError::Conflict(format!(
+            "rollout {id} kept changing under us; try again"
+        )))
+    }
+}
+
+/// The state an admin action leads to from here, and the nodes that move with it.
+fn admin_move(
+    row: &RolloutRow,
+    nodes: &[RolloutNodeRow],
+    action: AdminAction,
+) -> Result<(RolloutState, Vec<(crate::api::Mac, StepStatus)>), RolloutError> {
+    use RolloutState::*;
+    let refuse = |what: &str| {
+        Err(RolloutError::Conflict(format!(
+            "rollout {} is {}: {what}",
+            row.id, row.state
+        )))
+    };
+    match (action, row.state) {
+        (AdminAction::Pause, Running) => Ok((Paused, vec![])),
+        (AdminAction::Pause, _) => refuse("only a running rollout pauses"),
+        (AdminAction::Resume, Paused) => Ok((Running, vec![])),
+        (AdminAction::Resume, Halted) => refuse("a halted rollout is rolled back or aborted"),
+        (AdminAction::Resume, _) => refuse("only a paused rollout resumes"),
+        (AdminAction::Abort, s) if s.holds_nodes() => Ok((Aborted, vec![])),
+        (AdminAction::Abort, _) => refuse("it has ended"),
+        (AdminAction::Rollback, RollingBack | RolledBack) => refuse("it is rolled back already"),
+        (AdminAction::Rollback, _) => {
+            // Every node the rollout reimaged goes back; those still reimaging follow
+            // when they settle, those draining are handed back (the controller).
+            let steps = nodes
+                .iter()
+                .filter(|n| matches!(n.status, StepStatus::Done | StepStatus::Failed))
+                .map(|n| (n.mac, StepStatus::RollbackPending))
+                .collect();
+            Ok((RollingBack, steps))
+        }
+    }
+}
+
+/// A rollout as the API shows it.
+pub fn to_api(row: &RolloutRow, nodes: &[RolloutNodeRow]) -> Result<Rollout, StoreError> {
+    let spec: RolloutRequest = serde_json::from_str(&row.spec_json)
+        .map_err(|e| StoreError::Corrupt(format!("rollout {} spec: {e}", row.id)))?;
+    let mut waves: BTreeMap<u32, WaveProgress> = BTreeMap::new();
+    for n in nodes {
+        let w = waves.entry(n.wave).or_insert_with(|| WaveProgress {
+            wave: n.wave,
+            canary: n.wave == 0 && spec.canary > 0,
+            nodes: 0,
+            counts: BTreeMap::new(),
+        });
+        w.nodes += 1;
+        *w.counts.entry(n.status.as_str().to_string()).or_default() += 1;
+    }
+    Ok(Rollout {
+        id: row.id,
+        digest: row.digest,
+        state: row.state,
+        state_reason: row.state_reason.clone(),
+        wave: row.wave,
+        waves: waves.into_values().collect(),
+        nodes: nodes
+            .iter()
+            .map(|n| RolloutNode {
+                mac: n.mac,
+                wave: n.wave,
+                status: n.status,
+                previous_assigned: n.previous_assigned.clone(),
+                previous_digest: n.previous_digest,
+                reason: n.reason.clone(),
+                started_at: n.started_at_ms.map(format_ms),
+                finished_at: n.finished_at_ms.map(format_ms),
+            })
+            .collect(),
+        created_at: format_ms(row.created_at_ms),
+        updated_at: format_ms(row.updated_at_ms),
+        spec,
+    })
+}

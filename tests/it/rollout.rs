@@ -1,0 +1,720 @@
+//! Rollouts against fake nodes that behave as the agent does: boot what their script
+//! names, attest, validate (an image listed as bad fails validation: 7 GPUs of 8),
+//! heartbeat, and reboot when asked. The rules are checked from the event log, not from
+//! the controller's own counters.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::fake_node::{healthy, parse_boot};
+use crate::harness::*;
+
+/// Fake nodes running as tasks against a server whose address may change (a restart).
+pub struct Fleet {
+    pub base: Arc<RwLock<String>>,
+    pub token: String,
+    /// Images (digests) whose validation fails.
+    pub bad: Arc<RwLock<HashSet<String>>>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    http: reqwest::Client,
+}
+
+pub fn mac_of(i: usize) -> String {
+    format!("52-54-00-42-{:02x}-{:02x}", i / 256, i % 256)
+}
+
+impl Fleet {
+    pub fn new(base: &str, token: &str) -> Self {
+        Self {
+            base: Arc::new(RwLock::new(base.to_string())),
+            token: token.to_string(),
+            bad: Default::default(),
+            stop: CancellationToken::new(),
+            tasks: Vec::new(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base.read().unwrap())
+    }
+
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Registers node `i` (assigned `image`, with `labels`) and starts its agent.
+    pub async fn add(&mut self, i: usize, image: &str, labels: &[(&str, String)]) {
+        let mac = mac_of(i);
+        let (s, _) = self
+            .admin(
+                reqwest::Method::PUT,
+                &format!("/api/v1/nodes/{mac}/image"),
+                Some(json!({ "image": image })),
+            )
+            .await;
+        assert_eq!(s, 200);
+        let set: BTreeMap<&str, &String> = labels.iter().map(|(k, v)| (*k, v)).collect();
+        let (s, _) = self
+            .admin(
+                reqwest::Method::PATCH,
+                &format!("/api/v1/nodes/{mac}/labels"),
+                Some(json!({ "set": set })),
+            )
+            .await;
+        assert_eq!(s, 200);
+        let agent = Agent {
+            mac,
+            base: self.base.clone(),
+            bad: self.bad.clone(),
+            http: self.http.clone(),
+        };
+        let stop = self.stop.clone();
+        self.tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                () = agent.run() => {}
+                () = stop.cancelled() => {}
+            }
+        }));
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+struct Agent {
+    mac: String,
+    base: Arc<RwLock<String>>,
+    bad: Arc<RwLock<HashSet<String>>>,
+    http: reqwest::Client,
+}
+
+impl Agent {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base.read().unwrap())
+    }
+
+    /// Boots, then heartbeats until asked to reboot; again and again. A server that
+    /// does not answer (restarting) is waited for.
+    async fn run(&self) {
+        loop {
+            if self.boot_once().await.is_none() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    async fn post(&self, route: &str, token: &str, body: Value) -> Option<(u16, Value)> {
+        let r = self
+            .http
+            .post(self.url(route))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn boot_once(&self) -> Option<()> {
+        let r = self
+            .http
+            .get(self.url(&format!("/boot/node.ipxe?mac={}", self.mac)))
+            .send()
+            .await
+            .ok()?;
+        if r.status() != 200 {
+            return None;
+        }
+        let script = r.text().await.ok()?;
+        if !script.lines().any(|l| l.starts_with("kernel ")) {
+            return None; // quarantined or unassigned: nothing to boot
+        }
+        let digest = script
+            .lines()
+            .nth(1)?
+            .rsplit_once('(')?
+            .1
+            .trim_end_matches(')')
+            .to_string();
+        let boot = parse_boot(script);
+        let mut artifacts = Vec::new();
+        for url in &boot.urls {
+            let bytes = self.http.get(url).send().await.ok()?.bytes().await.ok()?;
+            artifacts.push(bootfleet::api::Digest::of(&bytes).to_string());
+        }
+        let colons = self.mac.replace('-', ":");
+        let report = json!({
+            "image_digest": digest,
+            "kernel_release": "6.1.0-28-cloud-amd64",
+            "cmdline": boot.cmdline,
+            "versions": { "nvidia-driver": "550.127.05" },
+            "modules": { "nvidia": "550.127.05" },
+            "artifacts": artifacts,
+        });
+        let body = json!({ "boot_id": boot.id, "mac": colons, "report": report });
+        let (s, _) = self.post("/api/v1/agent/attest", &boot.token, body).await?;
+        if s != 200 {
+            return None;
+        }
+        let mut gpus = healthy();
+        if self.bad.read().unwrap().contains(&digest) {
+            gpus["gpus"].as_array_mut().unwrap().pop();
+        }
+        let body = json!({ "boot_id": boot.id, "mac": colons, "report": gpus });
+        self.post("/api/v1/agent/validate", &boot.token, body)
+            .await?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let body = json!({ "boot_id": boot.id, "mac": colons });
+            match self
+                .post("/api/v1/agent/heartbeat", &boot.token, body)
+                .await
+            {
+                Some((200, answer)) if answer["action"] == "reboot" => return Some(()),
+                Some((200, _)) | None => continue,
+                // Our boot is no longer the node's (a stale token): boot afresh.
+                Some(_) => return Some(()),
+            }
+        }
+    }
+}
+
+/// Every event so far, oldest first.
+pub async fn all_events(fleet: &Fleet) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut since = 0;
+    loop {
+        let (s, page) = fleet
+            .admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/events?since={since}&limit=1000"),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "{page}");
+        let events = page["events"].as_array().unwrap().clone();
+        if events.is_empty() {
+            return out;
+        }
+        since = page["next"].as_i64().unwrap();
+        out.extend(events);
+    }
+}
+
+/// Polls the rollout until `done` holds for it (or panics after `secs`).
+pub async fn wait_rollout(
+    fleet: &Fleet,
+    id: i64,
+    secs: u64,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (s, r) = fleet
+            .admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/rollouts/{id}"),
+                None,
+            )
+            .await;
+        if s == 200 && done(&r) {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rollout {id} never got there: {r:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every node of the fleet is ready.
+async fn wait_ready(fleet: &Fleet, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, nodes) = fleet
+            .admin(reqwest::Method::GET, "/api/v1/nodes?state=ready", None)
+            .await;
+        if nodes.as_array().map_or(0, Vec::len) >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not every node got ready: {nodes}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn publish(server: &TestServer, version: &str, tag: &str) -> Value {
+    let (s, img) = server
+        .publish_query(
+            good_bundle(
+                "gpu",
+                version,
+                &noise(4096, u64::from(version.as_bytes()[0])),
+            ),
+            &format!("?tag=gpu:{tag}"),
+        )
+        .await;
+    assert!(s == 200 || s == 201, "{img}");
+    img
+}
+
+fn fast(cfg: &mut bootfleet::config::ServerConfig) {
+    cfg.rollouts.tick_ms = 100;
+}
+
+/// What the event log says: per node state changes after `from_seq`, replayed.
+struct Replay {
+    /// The most nodes out of ready at once, and the most reimaging per rack at once.
+    max_unready: usize,
+    max_reimaging_per_rack: usize,
+    /// When each node first became reimaging (event seq), and how many times it did.
+    reimaged_at: HashMap<String, Vec<i64>>,
+}
+
+fn replay(events: &[Value], from_seq: i64, racks: &HashMap<String, String>) -> Replay {
+    let mut state: HashMap<String, String> = HashMap::new();
+    let mut out = Replay {
+        max_unready: 0,
+        max_reimaging_per_rack: 0,
+        reimaged_at: HashMap::new(),
+    };
+    for e in events {
+        if e["kind"] != "node.state" {
+            continue;
+        }
+        let mac = e["node"].as_str().unwrap().to_string();
+        let to = e["data"]["to"].as_str().unwrap().to_string();
+        state.insert(mac.clone(), to.clone());
+        if e["seq"].as_i64().unwrap() <= from_seq {
+            continue;
+        }
+        if to == "reimaging" {
+            out.reimaged_at
+                .entry(mac.clone())
+                .or_default()
+                .push(e["seq"].as_i64().unwrap());
+        }
+        let unready = state.values().filter(|s| *s != "ready").count();
+        out.max_unready = out.max_unready.max(unready);
+        let mut per_rack: HashMap<&str, usize> = HashMap::new();
+        for (m, s) in &state {
+            if s == "reimaging" {
+                *per_rack.entry(racks[m].as_str()).or_default() += 1;
+            }
+        }
+        out.max_reimaging_per_rack = out
+            .max_reimaging_per_rack
+            .max(per_rack.values().copied().max().unwrap_or(0));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_nodes_move_in_waves_within_the_budget_and_every_one_ends_ready_on_the_new_digest() {
+    let server = TestServer::start_configured(fast).await;
+    publish(&server, "1", "stable").await;
+    let v2 = publish(&server, "2", "next").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    let mut racks = HashMap::new();
+    for i in 0..30 {
+        let rack = format!("r{}", i % 3);
+        racks.insert(mac_of(i).replace('-', ":"), rack.clone());
+        fleet
+            .add(
+                i,
+                "gpu:stable",
+                &[("rack", rack), ("sku", "hgx-h100".into())],
+            )
+            .await;
+    }
+    wait_ready(&fleet, 30).await;
+    let head = all_events(&fleet).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+
+    let (s, started) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(
+                json!({ "image": "gpu:next", "selector": "sku=hgx-h100", "canary": 2, "wave": "10%",
+                         "max_unavailable": 3, "timeout_secs": 60, "reason": "driver 550.127" }),
+            ),
+        )
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    assert_eq!(started["digest"], v2["digest"]);
+    assert_eq!(
+        started["waves"].as_array().unwrap().len(),
+        11,
+        "2 canaries, then 28 in waves of 3"
+    );
+    let done = wait_rollout(&fleet, id, 120, |r| r["state"] != "running").await;
+    assert_eq!(done["state"], "finished", "{done:#}");
+    assert!(
+        done["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["status"] == "done"),
+        "{done:#}"
+    );
+
+    // Every node is ready on the new digest, by its own record.
+    for i in 0..30 {
+        let (_, node) = fleet
+            .admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/nodes/{}", mac_of(i)),
+                None,
+            )
+            .await;
+        assert_eq!(node["state"], "ready");
+        assert_eq!(node["boots"][0]["image"], v2["digest"], "{node:#}");
+        assert_eq!(node["assigned"], "gpu:next");
+    }
+
+    // The log: the budget held at every instant, each node reimaged once, and no wave
+    // began before the one before it was done.
+    let events = all_events(&fleet).await;
+    let r = replay(&events, head, &racks);
+    assert!(
+        r.max_unready <= 3,
+        "{} nodes out of ready at once",
+        r.max_unready
+    );
+    assert!(
+        r.max_reimaging_per_rack <= 2,
+        "{} reimaging in one rack",
+        r.max_reimaging_per_rack
+    );
+    assert_eq!(r.reimaged_at.len(), 30);
+    assert!(
+        r.reimaged_at.values().all(|v| v.len() == 1),
+        "{:?}",
+        r.reimaged_at
+    );
+    let wave_of: HashMap<String, u64> = done["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["mac"].as_str().unwrap().to_string(),
+                n["wave"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mut last_done_of_wave: HashMap<u64, i64> = HashMap::new();
+    for e in &events {
+        if e["kind"] == "rollout.node-done" {
+            let w = wave_of[e["node"].as_str().unwrap()];
+            last_done_of_wave.insert(w, e["seq"].as_i64().unwrap());
+        }
+    }
+    for (mac, seqs) in &r.reimaged_at {
+        let w = wave_of[mac];
+        if w > 0 {
+            assert!(
+                seqs[0] > last_done_of_wave[&(w - 1)],
+                "{mac} (wave {w}) began before wave {} was done",
+                w - 1
+            );
+        }
+    }
+    let kinds: HashSet<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    for k in [
+        "rollout.started",
+        "rollout.wave-started",
+        "rollout.node-reimaging",
+        "rollout.node-done",
+        "rollout.finished",
+    ] {
+        assert!(kinds.contains(k), "no {k} event");
+    }
+    // The nodes are free for another rollout.
+    let (s, again) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(json!({ "image": "gpu:stable", "selector": "rack=r0", "reason": "back" })),
+        )
+        .await;
+    assert_eq!(s, 201, "{again}");
+    fleet.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_image_halts_after_the_canaries_and_rolls_them_back_touching_no_other_node() {
+    let server = TestServer::start_configured(fast).await;
+    let v1 = publish(&server, "1", "stable").await;
+    let bad = publish(&server, "2", "next").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    fleet
+        .bad
+        .write()
+        .unwrap()
+        .insert(bad["digest"].as_str().unwrap().to_string());
+    for i in 0..10 {
+        fleet
+            .add(
+                i,
+                "gpu:stable",
+                &[("rack", format!("r{}", i % 2)), ("pool", "a".into())],
+            )
+            .await;
+    }
+    wait_ready(&fleet, 10).await;
+    let head = all_events(&fleet).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let (s, started) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(
+                json!({ "image": "gpu:next", "selector": "pool=a", "canary": 2, "wave": "4",
+                         "max_unavailable": 2, "timeout_secs": 60, "on_failure": "rollback",
+                         "reason": "driver 560 beta" }),
+            ),
+        )
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    let end = wait_rollout(&fleet, id, 120, |r| r["state"] == "rolled-back").await;
+    let canaries: Vec<&Value> = end["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["wave"] == 0)
+        .collect();
+    assert_eq!(canaries.len(), 2);
+    for c in &canaries {
+        assert_eq!(c["status"], "rolled-back", "{end:#}");
+        assert_eq!(c["previous_digest"], v1["digest"]);
+    }
+    assert!(
+        end["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["wave"] != 0)
+            .all(|n| n["status"] == "pending"),
+        "{end:#}"
+    );
+    // The canaries are ready on the old digest again.
+    for c in &canaries {
+        let (_, node) = fleet
+            .admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/nodes/{}", c["mac"].as_str().unwrap()),
+                None,
+            )
+            .await;
+        assert_eq!(node["state"], "ready", "{node:#}");
+        assert_eq!(node["boots"][0]["image"], v1["digest"]);
+    }
+    // The log: the halt names the failure; no node but the canaries was reimaged.
+    let events = all_events(&fleet).await;
+    let halted = events
+        .iter()
+        .find(|e| e["kind"] == "rollout.halted")
+        .expect("a halted event");
+    assert!(
+        halted["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rolling back"),
+        "{halted}"
+    );
+    let failed = events
+        .iter()
+        .find(|e| e["kind"] == "rollout.node-failed")
+        .expect("a failed node");
+    assert!(
+        failed["data"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("validation-failed"),
+        "{failed}"
+    );
+    let canary_macs: HashSet<&str> = canaries
+        .iter()
+        .map(|c| c["mac"].as_str().unwrap())
+        .collect();
+    let touched: HashSet<&str> = events
+        .iter()
+        .filter(|e| {
+            e["seq"].as_i64().unwrap() > head
+                && e["kind"] == "node.state"
+                && e["data"]["to"] == "reimaging"
+        })
+        .map(|e| e["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(touched, canary_macs);
+    fleet.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_rollouts_are_refused_and_admin_actions_follow_the_states() {
+    let server = TestServer::start_configured(fast).await;
+    publish(&server, "1", "stable").await;
+    publish(&server, "2", "next").await;
+    // No agents: the nodes never come back, so the first rollout stays running.
+    for i in 0..4 {
+        server.assign(&mac_of(i), "gpu:stable").await;
+        let labels = json!({ "set": { "rack": if i < 2 { "r1" } else { "r2" }, "sku": "h100" } });
+        let r = server
+            .http
+            .patch(server.url(&format!("/api/v1/nodes/{}/labels", mac_of(i))))
+            .bearer_auth(&server.token)
+            .json(&labels)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let fleet = Fleet::new(&server.url(""), &server.token);
+    let start =
+        |selector: &str| json!({ "image": "gpu:next", "selector": selector, "reason": "test" });
+    let (s, a) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(start("rack=r1")),
+        )
+        .await;
+    assert_eq!(s, 201, "{a}");
+    let a = a["id"].as_i64().unwrap();
+    let (s, refused) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(start("sku=h100")),
+        )
+        .await;
+    assert_eq!(s, 409, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("rollout {a}")),
+        "{refused}"
+    );
+    // Nothing of the refused one was kept.
+    let (_, list) = fleet
+        .admin(reqwest::Method::GET, "/api/v1/rollouts", None)
+        .await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    // Bad requests, each with its reason.
+    for (body, needle) in [
+        (
+            json!({ "image": "gpu:next", "selector": "rack=r9", "reason": "x" }),
+            "no node matches",
+        ),
+        (
+            json!({ "image": "gpu:nope", "selector": "rack=r2", "reason": "x" }),
+            "gpu:nope",
+        ),
+        (
+            json!({ "image": "gpu:next", "selector": "", "reason": "x" }),
+            "selector",
+        ),
+        (
+            json!({ "image": "gpu:next", "selector": "rack=r2", "reason": "x", "wave": "0%" }),
+            "wave",
+        ),
+        (
+            json!({ "image": "gpu:next", "selector": "rack=r2", "reason": "x", "canary": 3 }),
+            "canaries",
+        ),
+        (
+            json!({ "image": "gpu:next", "selector": "rack=r2", "reason": " " }),
+            "reason",
+        ),
+    ] {
+        let (s, e) = fleet
+            .admin(
+                reqwest::Method::POST,
+                "/api/v1/rollouts",
+                Some(body.clone()),
+            )
+            .await;
+        assert!(s == 400 || s == 404, "{body}: {s} {e}");
+        assert!(e["error"].as_str().unwrap().contains(needle), "{body}: {e}");
+    }
+    let act = |verb: &str| {
+        (
+            reqwest::Method::POST,
+            format!("/api/v1/rollouts/{a}/{verb}"),
+            Some(json!({ "reason": "ops" })),
+        )
+    };
+    let (m, p, b) = act("resume");
+    assert_eq!(
+        fleet.admin(m, &p, b).await.0,
+        409,
+        "a running rollout does not resume"
+    );
+    let (m, p, b) = act("pause");
+    let (s, paused) = fleet.admin(m, &p, b).await;
+    assert_eq!((s, paused["state"].as_str()), (200, Some("paused")));
+    let (m, p, b) = act("abort");
+    let (s, aborted) = fleet.admin(m, &p, b).await;
+    assert_eq!((s, aborted["state"].as_str()), (200, Some("aborted")));
+    let (m, p, b) = act("pause");
+    assert_eq!(fleet.admin(m, &p, b).await.0, 409);
+    let (m, p, b) = act("launch");
+    assert_eq!(fleet.admin(m, &p, b).await.0, 404);
+    // Aborted, it holds nothing: the wider rollout may start now.
+    let (s, b2) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(start("sku=h100")),
+        )
+        .await;
+    assert_eq!(s, 201, "{b2}");
+    assert_eq!(
+        fleet
+            .admin(reqwest::Method::GET, "/api/v1/rollouts/999", None)
+            .await
+            .0,
+        404
+    );
+    // Without the token, nothing.
+    let r = reqwest::get(server.url("/api/v1/rollouts")).await.unwrap();
+    assert_eq!(r.status(), 401);
+    server.stop().await;
+}
