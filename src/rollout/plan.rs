@@ -113,8 +113,8 @@ pub enum Action {
     /// stays at this status, its clock restarts).
     Again(Mac, StepStatus),
     /// Draining and its scheduler says drained (or the drain timed out and the policy
-    /// forces): reimage it now.
-    Reimage(Mac),
+    /// forces): reimage it now, saying which.
+    Reimage(Mac, String),
     /// Draining past the drain timeout, and the policy skips it.
     Skip(Mac, String),
     /// Reimaging when the rollout began rolling back, and now settled (ready or not):
@@ -242,13 +242,18 @@ pub fn tick(
                 settled_now.insert(mac);
             }
             StepStatus::Draining if rolling_back => actions.push(Action::CancelDrain(mac)),
-            StepStatus::Draining if drained.contains(&mac) => actions.push(Action::Reimage(mac)),
+            StepStatus::Draining if drained.contains(&mac) => {
+                actions.push(Action::Reimage(mac, "drained by its scheduler".into()))
+            }
             StepStatus::Draining if now_ms - since > drain.timeout_ms => match drain.on_timeout {
                 DrainTimeout::Skip => {
                     let why = format!("not drained within {} s", drain.timeout_ms / 1000);
                     actions.push(Action::Skip(mac, why));
                 }
-                DrainTimeout::Force => actions.push(Action::Reimage(mac)),
+                DrainTimeout::Force => {
+                    let why = format!("not drained within {} s: forced", drain.timeout_ms / 1000);
+                    actions.push(Action::Reimage(mac, why));
+                }
                 DrainTimeout::Wait => {}
             },
             StepStatus::RollingBack => {
@@ -616,9 +621,12 @@ mod tests {
             };
             tick(&r, &spec(), &steps, &drained, rules, now)
         };
-        assert_eq!(at(2_000, DrainTimeout::Skip), [Action::Reimage(mac(1))]);
+        let drained = Action::Reimage(mac(1), "drained by its scheduler".into());
+        assert_eq!(at(2_000, DrainTimeout::Skip), [drained]);
         assert!(matches!(&at(20_000, DrainTimeout::Skip)[1], Action::Skip(m, _) if *m == mac(2)));
-        assert_eq!(at(20_000, DrainTimeout::Force)[1], Action::Reimage(mac(2)));
+        assert!(
+            matches!(&at(20_000, DrainTimeout::Force)[1], Action::Reimage(m, why) if *m == mac(2) && why.ends_with("forced"))
+        );
         assert_eq!(at(20_000, DrainTimeout::Wait).len(), 1);
     }
 

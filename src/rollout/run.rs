@@ -257,20 +257,18 @@ impl Controller {
                     }
                     _ => self.assignment(&spec.image, &row.digest).await,
                 };
-                self.reimage(row, spec, &mac, status, status, &assign)
+                let why = format!(
+                    "reimaged again (stuck in a failure of an older boot); reimaging onto {assign}"
+                );
+                self.reimage(row, spec, &mac, (status, status), &assign, &why)
                     .await?;
             }
-            Action::Reimage(mac) => {
+            Action::Reimage(mac, drain) => {
                 let assign = self.assignment(&spec.image, &row.digest).await;
-                self.reimage(
-                    row,
-                    spec,
-                    &mac,
-                    StepStatus::Draining,
-                    StepStatus::Reimaging,
-                    &assign,
-                )
-                .await?;
+                let (from, to) = (StepStatus::Draining, StepStatus::Reimaging);
+                let why = format!("{drain}; reimaging onto {assign}");
+                self.reimage(row, spec, &mac, (from, to), &assign, &why)
+                    .await?;
             }
             Action::Skip(mac, why) => {
                 self.resume(row, &mac, records).await?;
@@ -334,15 +332,9 @@ impl Controller {
                     Some(r) => self.assignment(r, &previous).await,
                     None => previous.to_string(),
                 };
-                self.reimage(
-                    row,
-                    spec,
-                    &mac,
-                    StepStatus::RollbackPending,
-                    StepStatus::RollingBack,
-                    &assign,
-                )
-                .await?;
+                let steps = (StepStatus::RollbackPending, StepStatus::RollingBack);
+                let why = format!("rolling back onto {assign}");
+                self.reimage(row, spec, &mac, steps, &assign, &why).await?;
             }
             Action::RolledBack(mac) => {
                 self.resume(row, &mac, records).await?;
@@ -442,15 +434,9 @@ impl Controller {
             }
             Ok(None) => {
                 let assign = self.assignment(&spec.image, &row.digest).await;
-                self.reimage(
-                    row,
-                    spec,
-                    mac,
-                    StepStatus::Pending,
-                    StepStatus::Reimaging,
-                    &assign,
-                )
-                .await?;
+                let steps = (StepStatus::Pending, StepStatus::Reimaging);
+                let why = format!("reimaging onto {assign}");
+                self.reimage(row, spec, mac, steps, &assign, &why).await?;
             }
         }
         Ok(())
@@ -465,13 +451,12 @@ impl Controller {
         row: &RolloutRow,
         spec: &RolloutRequest,
         mac: &Mac,
-        from: StepStatus,
-        to: StepStatus,
+        (from, to): (StepStatus, StepStatus),
         assign: &str,
+        why: &str,
     ) -> Result<(), StoreError> {
         let k = kind::rollout_node(to);
-        let why = format!("reimaging onto {assign}");
-        let m = step_move(mac, from, to, &why, &k);
+        let m = step_move(mac, from, to, why, &k);
         let reason = format!("rollout {}: {}", row.id, spec.reason.trim());
         let rule = |n: &NodeRecord, reimaging: &[NodeRecord]| decide(n, reimaging, &self.budget);
         let failed = |why: String| async move {

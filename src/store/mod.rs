@@ -757,6 +757,13 @@ pub trait RolloutStore: Send + Sync {
         reason: &str,
         rule: &ReimageRule<'_>,
     ) -> Result<StepReimage, StoreError>;
+    /// `mac`'s newest `limit` rollout events (`rollout.node-*`): time, kind and data,
+    /// newest first; its boots' timelines show them.
+    async fn node_rollout_events(
+        &self,
+        mac: &Mac,
+        limit: i64,
+    ) -> Result<Vec<(i64, String, serde_json::Value)>, StoreError>;
     /// The image and start time of `mac`'s newest boot.
     async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError>;
     /// The first failure (attestation, validation, quarantine) in `mac`'s history since

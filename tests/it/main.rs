@@ -26,6 +26,7 @@ mod publish;
 mod rollout;
 mod s3;
 mod servers;
+mod slurm;
 mod store;
 mod storm;
 mod tftp;

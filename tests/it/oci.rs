@@ -399,7 +399,7 @@ impl Registry {
 /// A free port for a program that binds it itself, outside the kernel's ephemeral range:
 /// a port from `bind(0)`, dropped and handed on, can be handed to another test's
 /// `bind(0)` meanwhile (seen: a registry took the port a `serve` test was about to use).
-fn port_for_a_child() -> u16 {
+pub fn port_for_a_child() -> u16 {
     static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let base = 16_000 + (std::process::id() % 500) as u16;
     for _ in 0..500 {
@@ -408,7 +408,7 @@ fn port_for_a_child() -> u16 {
             return port;
         }
     }
-    panic!("no free port in 16000-16999 for docker-registry");
+    panic!("no free port in 16000-16999 for a child server");
 }
 
 impl Drop for Registry {

@@ -69,7 +69,7 @@ impl ServerProcess {
         self.lines.try_iter().collect()
     }
 
-    fn kill9(mut self) {
+    pub fn kill9(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }

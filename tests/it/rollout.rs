@@ -36,7 +36,7 @@ impl Fleet {
             bad: Default::default(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
-            http: reqwest::Client::new(),
+            http: bootfleet::http_client::builder().build().unwrap(),
         }
     }
 
@@ -717,4 +717,101 @@ async fn overlapping_rollouts_are_refused_and_admin_actions_follow_the_states() 
     let r = reqwest::get(server.url("/api/v1/rollouts")).await.unwrap();
     assert_eq!(r.status(), 401);
     server.stop().await;
+}
+
+/// The real binary, killed with SIGKILL while nodes are in flight, started again on the
+/// same data: the rollout goes on where it was (once the dead server's role lapses) and
+/// ends with every node done, none reimaged twice, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_killed_mid_rollout_finishes_it_after_restart_reimaging_no_node_twice() {
+    use crate::process::ServerProcess;
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    let config = work.path().join("bootfleet.toml");
+    std::fs::write(&config, "[rollouts]\ntick_ms = 100\n").unwrap();
+    let server = ServerProcess::spawn_configured(&data, Some(&config));
+    let token = std::fs::read_to_string(data.join("admin.token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut fleet = Fleet::new(&server.url, &token);
+    for (version, tag) in [("1", "stable"), ("2", "next")] {
+        let r = bootfleet::http_client::builder()
+            .build()
+            .unwrap()
+            .post(fleet.url(&format!("/api/v1/images?tag=gpu:{tag}")))
+            .bearer_auth(&token)
+            .body(good_bundle(
+                "gpu",
+                version,
+                &noise(4096, u64::from(version.as_bytes()[0])),
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    for i in 0..12 {
+        fleet
+            .add(
+                i,
+                "gpu:stable",
+                &[("rack", format!("r{}", i % 3)), ("pool", "k".into())],
+            )
+            .await;
+    }
+    wait_ready(&fleet, 12).await;
+    let head = all_events(&fleet).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let (s, started) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(
+                json!({ "image": "gpu:next", "selector": "pool=k", "canary": 1, "wave": "2",
+                         "max_unavailable": 2, "timeout_secs": 120, "reason": "kernel fix" }),
+            ),
+        )
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    let done = |r: &Value| {
+        r["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["status"] == "done")
+            .count()
+    };
+    let mid = wait_rollout(&fleet, id, 60, |r| done(r) >= 4).await;
+    server.kill9();
+    assert!(
+        done(&mid) < 12,
+        "the kill came too late to test anything: {mid:#}"
+    );
+
+    let server = ServerProcess::spawn_configured(&data, Some(&config));
+    *fleet.base.write().unwrap() = server.url.clone();
+    // The dead server's role lapses within 20 s; then the new one goes on.
+    let end = wait_rollout(&fleet, id, 90, |r| r["state"] != "running").await;
+    assert_eq!(end["state"], "finished", "{end:#}");
+    assert_eq!(done(&end), 12, "{end:#}");
+    let events = all_events(&fleet).await;
+    let mut reimaged: HashMap<&str, usize> = HashMap::new();
+    for e in &events {
+        if e["seq"].as_i64().unwrap() > head
+            && e["kind"] == "node.state"
+            && e["data"]["to"] == "reimaging"
+        {
+            *reimaged.entry(e["node"].as_str().unwrap()).or_default() += 1;
+        }
+    }
+    assert_eq!(reimaged.len(), 12, "{reimaged:?}");
+    assert!(
+        reimaged.values().all(|n| *n == 1),
+        "a node was reimaged twice: {reimaged:?}"
+    );
+    fleet.stop().await;
+    drop(server);
 }

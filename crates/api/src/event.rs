@@ -34,8 +34,6 @@ pub mod kind {
     pub const ROLLOUT_STARTED: &str = "rollout.started";
     /// A rollout began a wave: `{rollout, wave, reason}`.
     pub const ROLLOUT_WAVE: &str = "rollout.wave-started";
-    /// A node's scheduler says it is drained; the reimage may begin.
-    pub const ROLLOUT_NODE_DRAINED: &str = "rollout.node-drained";
     /// A node was handed back to its scheduler after it was ready again (or its
     /// scheduler refused: the reason says so).
     pub const ROLLOUT_NODE_RESUMED: &str = "rollout.node-resumed";

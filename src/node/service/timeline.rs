@@ -1,4 +1,5 @@
-//! A boot as a timeline: the power actions through the BMC that led to it, DHCP answers
+//! A boot as a timeline: the scheduler drain and the power actions through the BMC that
+//! led to it, DHCP answers
 //! and TFTP transfers before the script (`preboot`), script served, kernel and initrds downloaded, attested, validated, ready; with the time
 //! each step took and where the boot stopped. Built purely from what the store recorded;
 //! the service method reads it.
@@ -22,20 +23,46 @@ fn power_step(r: &PowerRow) -> PrebootStep {
     }
 }
 
-/// Which power actions led to which boot: `boots` newest first (their creation times),
-/// `rows` newest first. A boot gets the actions after the boot before it (or at most
-/// `PREBOOT_WINDOW_MS` before it, for the oldest shown) and before its script; the first
-/// list holds those after the newest boot, which lead to the next one. Pure.
-pub fn power_by_boot(
+/// A rollout's step for the node, from its event, as a step before the boot it led to:
+/// the drain asked of its scheduler, and the drain done (or given up on) before its
+/// reimage. Other rollout events are not steps towards a boot.
+fn rollout_step(at_ms: i64, kind: &str, data: &serde_json::Value) -> Option<PrebootStep> {
+    use crate::api::rollout::StepStatus;
+    let rollout = data.get("rollout").and_then(|r| r.as_i64()).unwrap_or(0);
+    let reason = data.get("reason").and_then(|r| r.as_str()).unwrap_or("");
+    let (step, outcome) = if kind == crate::api::event::kind::rollout_node(StepStatus::Draining) {
+        ("scheduler drain asked", "ok".to_string())
+    } else if kind == crate::api::event::kind::rollout_node(StepStatus::Reimaging) {
+        match reason.split_once("; ") {
+            Some((drain, _)) if drain.starts_with("drained") => ("scheduler drained", "ok".into()),
+            Some((drain, _)) => ("scheduler drained", drain.to_string()),
+            None => ("reimage", "ok".into()),
+        }
+    } else {
+        return None;
+    };
+    Some(PrebootStep {
+        step: format!("{step} (rollout {rollout})"),
+        at_ms,
+        outcome,
+    })
+}
+
+/// Which steps (power actions, rollout steps) led to which boot: `boots` newest first
+/// (their creation times), `before` newest first. A boot gets the steps after the boot
+/// before it (or at most `PREBOOT_WINDOW_MS` before it, for the oldest shown) and before
+/// its script; the first list holds those after the newest boot, which lead to the next
+/// one. Pure.
+pub fn steps_by_boot(
     boots: &[i64],
-    rows: &[PowerRow],
+    before: &[PrebootStep],
 ) -> (Vec<PrebootStep>, Vec<Vec<PrebootStep>>) {
     let window = crate::node::preboot::PREBOOT_WINDOW_MS;
-    let pick = |after: i64, before: i64| -> Vec<PrebootStep> {
-        let mut steps: Vec<PrebootStep> = rows
+    let pick = |after: i64, at: i64| -> Vec<PrebootStep> {
+        let mut steps: Vec<PrebootStep> = before
             .iter()
-            .filter(|r| r.at_ms > after && r.at_ms <= before)
-            .map(power_step)
+            .filter(|r| r.at_ms > after && r.at_ms <= at)
+            .cloned()
             .collect();
         steps.reverse();
         steps
@@ -220,9 +247,19 @@ impl NodeService {
         limit: i64,
     ) -> Result<(Vec<Timeline>, Vec<Step>), BootError> {
         let boots = self.store.boot_facts(mac, limit).await?;
-        let rows = self.store.power_actions(mac, POWER_READ).await?;
+        let mut before: Vec<PrebootStep> = (self.store.power_actions(mac, POWER_READ).await?)
+            .iter()
+            .map(power_step)
+            .collect();
+        let rollouts = self.store.node_rollout_events(mac, POWER_READ).await?;
+        before.extend(
+            rollouts
+                .iter()
+                .filter_map(|(at, k, d)| rollout_step(*at, k, d)),
+        );
+        before.sort_by_key(|s| std::cmp::Reverse(s.at_ms));
         let created: Vec<i64> = boots.iter().map(|b| b.created_at_ms).collect();
-        let (pending, power) = power_by_boot(&created, &rows);
+        let (pending, power) = steps_by_boot(&created, &before);
         let mut out = Vec::with_capacity(boots.len());
         for (boot, power) in boots.iter().zip(&power) {
             let artifacts = match self.image(&boot.image).await? {
@@ -383,7 +420,8 @@ mod tests {
             row(2000, "cycle", "BMC unreachable: refused"),
             row(900, "off", "ok"),
         ];
-        let (pending, each) = power_by_boot(&[3000, 1000], &rows);
+        let steps: Vec<PrebootStep> = rows.iter().map(power_step).collect();
+        let (pending, each) = steps_by_boot(&[3000, 1000], &steps);
         let steps = |v: &[PrebootStep]| -> Vec<(String, i64, String)> {
             v.iter()
                 .map(|s| (s.step.clone(), s.at_ms, s.outcome.clone()))

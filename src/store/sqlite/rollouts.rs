@@ -310,4 +310,27 @@ impl RolloutStore for SqliteStore {
             })
             .transpose()
     }
+
+    async fn node_rollout_events(
+        &self,
+        mac: &Mac,
+        limit: i64,
+    ) -> Result<Vec<(i64, String, serde_json::Value)>, StoreError> {
+        let found: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT at_ms, kind, data FROM events WHERE mac = ? AND kind LIKE 'rollout.node-%'
+             ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(mac.to_string())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        found
+            .into_iter()
+            .map(|(at, kind, data)| {
+                let data = serde_json::from_str(&data)
+                    .map_err(|e| StoreError::Corrupt(format!("event data: {e}")))?;
+                Ok((at, kind, data))
+            })
+            .collect()
+    }
 }
