@@ -76,6 +76,13 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     }
     let controller = crate::node::controller::NodeController::new(store.clone())
         .with_discovery_cap(cfg.discovery.max_unassigned);
+    let schedulers = std::sync::Arc::new(crate::rollout::drain::Schedulers::new(&cfg.drain));
+    let rollouts = crate::rollout::service::RolloutService {
+        store: store.clone(),
+        registry: registry.clone(),
+        budget: cfg.budget.clone(),
+        schedulers: schedulers.clone(),
+    };
     let nodes = crate::node::service::NodeService {
         store: store.clone(),
         registry: registry.clone(),
@@ -87,6 +94,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
             registry: registry.clone(),
             controller: controller.clone(),
             budget: cfg.budget.clone(),
+            drain_first: Some(std::sync::Arc::new(rollouts.clone())),
         },
         policy: cfg.lifecycle.clone(),
         images: Default::default(),
@@ -106,18 +114,14 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         cfg.power.clone(),
     );
     let blobs = registry.blobs.clone();
-    let rollouts = crate::rollout::service::RolloutService {
-        store: store.clone(),
-        registry: registry.clone(),
-        budget: cfg.budget.clone(),
-    };
     let controller = crate::rollout::run::Controller {
         store: store.clone(),
         registry: registry.clone(),
         budget: cfg.budget.clone(),
-        schedulers: std::sync::Arc::new(crate::rollout::drain::Schedulers::new(&cfg.drain)),
+        schedulers,
         drain: cfg.drain.clone(),
         tick: std::time::Duration::from_millis(cfg.rollouts.tick_ms.max(10)),
+        seen: Default::default(),
     };
     let http = AppState {
         rollouts: std::sync::Arc::new(rollouts),

@@ -29,3 +29,4 @@ CREATE TABLE rollout_claims (
     mac             TEXT PRIMARY KEY,
     rollout_id      BIGINT NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE
 );
+CREATE INDEX rollout_claims_by_rollout ON rollout_claims (rollout_id);

@@ -37,8 +37,11 @@ pub struct StartArgs {
     /// The image: sha256:<hex>, NAME:VERSION or NAME:TAG (resolved once, at start).
     pub image: String,
     /// The nodes whose labels match (k=v, k!=v, k, !k, comma-separated), chosen at start.
-    #[arg(long, short = 'l')]
-    pub selector: String,
+    #[arg(long, short = 'l', required_unless_present = "node")]
+    pub selector: Option<String>,
+    /// A node by MAC instead of a selector (repeatable).
+    #[arg(long = "node", value_name = "MAC", conflicts_with = "selector")]
+    pub node: Vec<crate::api::Mac>,
     /// Nodes in the first wave; the rest wait until they are done.
     #[arg(long, default_value_t = 0)]
     pub canary: u32,
@@ -107,7 +110,8 @@ pub async fn run(cmd: RolloutCommand, client: &Client, out: OutputFormat) -> any
         RolloutCommand::Start(a) => {
             let body = RolloutRequest {
                 image: a.image,
-                selector: a.selector,
+                selector: a.selector.unwrap_or_default(),
+                nodes: a.node,
                 canary: a.canary,
                 wave: a.wave,
                 max_unavailable: a.max_unavailable,

@@ -92,6 +92,34 @@ pub struct ReimageService {
     pub registry: Registry,
     pub controller: crate::node::controller::NodeController,
     pub budget: DisruptionBudget,
+    /// Where a node with a workload scheduler goes instead: drained first, then
+    /// reimaged (the rollout controller). None: every reimage is immediate.
+    pub drain_first: Option<std::sync::Arc<dyn DrainFirst>>,
+}
+
+/// Reimages that wait for a drain. A node whose workload scheduler must drain it first
+/// (its label names one) is not moved at once: it is handed to this, which drains it,
+/// reimages it and hands it back (`rollout`, one layer up, implements it).
+#[async_trait::async_trait]
+pub trait DrainFirst: Send + Sync {
+    /// Whether `node` has a scheduler to drain (or a label naming one that is not set up,
+    /// which must fail visibly rather than skip the drain).
+    fn drains(&self, node: &NodeRecord) -> bool;
+    /// Queues the reimage of `node` (onto `image`, else what it is assigned) behind its
+    /// drain; the answer. A node already in a rollout gets that rollout's number.
+    async fn reimage_after_drain(
+        &self,
+        node: &NodeRecord,
+        reason: &str,
+        image: Option<&str>,
+    ) -> Result<ReimageAccepted, ReimageError>;
+}
+
+/// Whether a reimage answer means the node moved (or was moving) to reimaging now, as
+/// opposed to waiting for its drain: what a heartbeat may answer "reboot" to.
+pub fn moved_now(answer: &str) -> bool {
+    serde_json::from_str::<ReimageAccepted>(answer)
+        .is_ok_and(|a| a.outcome == "accepted" || a.outcome == "already-reimaging")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +213,14 @@ impl ReimageService {
         image: Option<&str>,
     ) -> Result<String, ReimageError> {
         let store = &self.registry.store;
+        if let Some(drain) = &self.drain_first
+            && let Some(node) = store.node(mac).await?
+            && node.state != NodeState::Reimaging
+            && drain.drains(&node)
+        {
+            let answer = drain.reimage_after_drain(&node, reason, image).await?;
+            return Ok(serde_json::to_string(&answer).expect("serialises"));
+        }
         let image = match image {
             Some(r) => {
                 let r = ImageRef::parse(r).map_err(|e| ReimageError::BadRequest(e.to_string()))?;
@@ -237,6 +273,7 @@ impl ReimageService {
         let body = serde_json::to_string(&ReimageAccepted {
             outcome: outcome.into(),
             node: node.into(),
+            rollout: None,
         })
         .expect("serialises");
         Ok(body)

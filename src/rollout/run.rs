@@ -49,20 +49,38 @@ pub struct Controller {
     pub schedulers: Arc<Schedulers>,
     pub drain: DrainSettings,
     pub tick: Duration,
+    /// What the last look read of each node, by the node's version and its step.
+    pub seen: Arc<std::sync::Mutex<std::collections::HashMap<Mac, (NodeKey, NodeNow)>>>,
 }
 
-/// Looks at active rollouts while this server holds the role, until `stop`.
+/// A node row's version, its step's start and status: what a look's view of it depends on.
+pub type NodeKey = (i64, Option<i64>, StepStatus);
+
+/// The least time between two looks: a look follows the events (a node ready, a step
+/// moved) that could change what it decides, but not faster than this.
+const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// Looks at active rollouts while this server holds the role, until `stop`: every
+/// `tick`, and sooner when events are committed (a node that got ready starts the next
+/// node at once, not a tick later: waves follow each other without idle gaps).
 pub async fn run(ctrl: Controller, mut leading: watch::Receiver<bool>, stop: CancellationToken) {
+    let mut events = ctrl.store.subscribe_events();
     loop {
         if !crate::leader::until_leading(&mut leading, &stop).await {
             return;
         }
         while *leading.borrow() {
+            events.mark_unchanged();
             if let Err(e) = ctrl.tick_all().await {
                 tracing::warn!(error = %e, "rollout controller: a look failed; trying again next tick");
             }
             tokio::select! {
                 () = tokio::time::sleep(ctrl.tick) => {}
+                _ = events.changed() => {}
+                () = stop.cancelled() => return,
+            }
+            tokio::select! {
+                () = tokio::time::sleep(MIN_GAP.min(ctrl.tick)) => {}
                 () = stop.cancelled() => return,
             }
         }
@@ -100,33 +118,63 @@ fn step_move<'a>(
 
 impl Controller {
     pub async fn tick_all(&self) -> Result<(), StoreError> {
-        for row in self.store.rollouts().await? {
-            if row.state.holds_nodes() {
-                self.tick_one(row.id).await?;
+        for id in self.store.active_rollouts().await? {
+            // A rollout that opened a wave is looked at again at once: the wave's
+            // nodes start now, not at the next look.
+            for _ in 0..3 {
+                if !self.tick_one(id).await? {
+                    break;
+                }
             }
         }
         Ok(())
     }
 
-    async fn tick_one(&self, id: i64) -> Result<(), StoreError> {
+    /// One look at rollout `id`; true when it opened a wave and runs on.
+    async fn tick_one(&self, id: i64) -> Result<bool, StoreError> {
         let Some((row, rows)) = self.store.rollout(id).await? else {
-            return Ok(());
+            return Ok(false);
         };
         let spec: RolloutRequest = serde_json::from_str(&row.spec_json)
             .map_err(|e| StoreError::Corrupt(format!("rollout {id} spec: {e}")))?;
+        // The nodes a look can judge or start: those in flight, and the first
+        // max-unavailable waiting (pending in this wave, or queued for rollback); the
+        // plan starts no more than that.
+        let limit = spec.max_unavailable as usize;
+        let (mut pending, mut queued) = (0, 0);
+        let wanted: Vec<bool> = rows
+            .iter()
+            .map(|r| match r.status {
+                s if s.in_flight() => true,
+                StepStatus::Pending if r.wave == row.wave => {
+                    pending += 1;
+                    pending <= limit
+                }
+                StepStatus::RollbackPending => {
+                    queued += 1;
+                    queued <= limit
+                }
+                _ => false,
+            })
+            .collect();
+        let macs: Vec<Mac> = rows
+            .iter()
+            .zip(&wanted)
+            .filter(|(_, w)| **w)
+            .map(|(r, _)| r.mac)
+            .collect();
+        let records: std::collections::HashMap<Mac, NodeRecord> = self
+            .store
+            .nodes_in(&macs)
+            .await?
+            .into_iter()
+            .map(|n| (n.mac, n))
+            .collect();
         let mut steps = Vec::with_capacity(rows.len());
-        let mut records = std::collections::HashMap::new();
-        for r in rows {
-            let wanted = r.status.in_flight()
-                || r.status == StepStatus::RollbackPending
-                || (r.status == StepStatus::Pending && r.wave == row.wave);
-            let node = if wanted {
-                self.store.node(&r.mac).await?
-            } else {
-                None
-            };
-            let now = match &node {
+        for (r, wanted) in rows.into_iter().zip(wanted) {
+            let now = match records.get(&r.mac) {
                 Some(n) => Some(self.node_now(n, &r).await?),
+                // Wanted and gone: the node was removed.
                 None if wanted => None,
                 // Not looked at: what the plan never judges needs no view.
                 None => Some(NodeNow {
@@ -137,20 +185,28 @@ impl Controller {
                     failed: None,
                 }),
             };
-            if let Some(n) = node {
-                records.insert(r.mac, n);
-            }
             steps.push(StepNow { row: r, node: now });
         }
         let drained = self.drains(&row, &spec, &steps, &records).await;
         let actions = plan::tick(&row, &spec, &steps, &drained, self.drain.rules(), now_ms());
+        let next_wave = actions
+            .iter()
+            .any(|a| matches!(a, Action::Rollout(Change::NextWave { pause: false, .. })));
         for action in actions {
             self.apply(&row, &spec, &steps, &records, action).await?;
         }
-        Ok(())
+        Ok(next_wave)
     }
 
     async fn node_now(&self, n: &NodeRecord, step: &RolloutNodeRow) -> Result<NodeNow, StoreError> {
+        // A node whose row has not changed since the last look (same version, same step
+        // start) is judged from what was read then: its boots and history moved with it.
+        let key = (n.version, step.started_at_ms, step.status);
+        if let Some((k, now)) = self.seen.lock().expect("not poisoned").get(&n.mac)
+            && *k == key
+        {
+            return Ok(now.clone());
+        }
         // Only a node in flight is judged: its newest boot, and its failures since.
         let (booted, booted_at) = if step.status.in_flight() {
             self.store.latest_boot(&n.mac).await?.unzip()
@@ -163,13 +219,20 @@ impl Controller {
             }
             _ => None,
         };
-        Ok(NodeNow {
+        let now = NodeNow {
             state: n.state,
             state_reason: n.state_reason.clone(),
             booted,
             booted_at,
             failed,
-        })
+        };
+        let mut seen = self.seen.lock().expect("not poisoned");
+        // Bounded: a look re-reads what it forgot.
+        if seen.len() > 100_000 {
+            seen.clear();
+        }
+        seen.insert(n.mac, (key, now.clone()));
+        Ok(now)
     }
 
     /// The draining nodes whose scheduler says they are drained; a drain the scheduler

@@ -15,8 +15,8 @@ use crate::node::reimage::DisruptionBudget;
 use crate::node::selector::NodeFilter;
 use crate::registry::{Registry, RegistryError};
 use crate::store::{
-    NewRollout, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow, RolloutRow, Store,
-    StoreError,
+    NewRollout, NodeRecord, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow, RolloutRow,
+    Store, StoreError,
 };
 
 use super::plan;
@@ -63,6 +63,8 @@ pub struct RolloutService {
     pub registry: Registry,
     /// Its group label (e.g. rack) spreads each wave over the groups.
     pub budget: DisruptionBudget,
+    /// Which nodes have a workload scheduler (reimages of those wait for a drain).
+    pub schedulers: std::sync::Arc<super::drain::Schedulers>,
 }
 
 /// How many times an admin action is retried when the controller moved the rollout
@@ -75,10 +77,14 @@ fn check_request(r: &RolloutRequest) -> Result<(), RolloutError> {
     if reason.is_empty() || reason.len() > 1024 {
         return bad("a rollout needs a reason (1-1024 characters)");
     }
-    if r.selector.trim().is_empty() {
-        return bad(
-            "a rollout needs a selector (rack=r12,sku=hgx-h100): it is never the whole fleet by default",
-        );
+    match (r.selector.trim().is_empty(), r.nodes.is_empty()) {
+        (true, true) => {
+            return bad(
+                "a rollout needs a selector (rack=r12,sku=hgx-h100) or nodes: it is never the whole fleet by default",
+            );
+        }
+        (false, false) => return bad("give a selector or nodes, not both"),
+        _ => {}
     }
     if r.max_unavailable == 0 {
         return bad("max-unavailable is at least 1");
@@ -95,18 +101,7 @@ impl RolloutService {
         let reference =
             ImageRef::parse(&req.image).map_err(|e| RolloutError::BadRequest(e.to_string()))?;
         let digest = self.registry.resolve(&reference).await?;
-        let filter = NodeFilter::parse(&NodeQuery {
-            selector: Some(req.selector.clone()),
-            ..Default::default()
-        })
-        .map_err(RolloutError::BadRequest)?;
-        let nodes: Vec<_> = self
-            .store
-            .nodes()
-            .await?
-            .into_iter()
-            .filter(|n| filter.matches(&n.clone().into()))
-            .collect();
+        let nodes = self.select(&req).await?;
         if nodes.is_empty() {
             return Err(RolloutError::BadRequest(format!(
                 "no node matches the selector {:?}",
@@ -158,6 +153,33 @@ impl RolloutService {
                 "node {mac} is in rollout {rollout}, which has not ended: wait for it, abort it, or narrow the selector"
             ))),
         }
+    }
+
+    /// The nodes a request means: its selector's matches, or its MACs (each must exist).
+    async fn select(&self, req: &RolloutRequest) -> Result<Vec<NodeRecord>, RolloutError> {
+        if !req.nodes.is_empty() {
+            let found = self.store.nodes_in(&req.nodes).await?;
+            if let Some(missing) = req
+                .nodes
+                .iter()
+                .find(|m| !found.iter().any(|n| n.mac == **m))
+            {
+                return Err(RolloutError::BadRequest(format!("no node {missing}")));
+            }
+            return Ok(found);
+        }
+        let filter = NodeFilter::parse(&NodeQuery {
+            selector: Some(req.selector.clone()),
+            ..Default::default()
+        })
+        .map_err(RolloutError::BadRequest)?;
+        Ok(self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| filter.matches(&n.clone().into()))
+            .collect())
     }
 
     pub async fn list(&self) -> Result<Vec<RolloutSummary>, RolloutError> {
@@ -317,4 +339,79 @@ pub fn to_api(row: &RolloutRow, nodes: &[RolloutNodeRow]) -> Result<Rollout, Sto
         updated_at: format_ms(row.updated_at_ms),
         spec,
     })
+}
+
+/// A reimage of a node with a workload scheduler (an admin's, the drift policy's, the
+/// failure policy's) becomes a rollout of that one node: drained, reimaged onto the REF
+/// asked for (else what the node is assigned), handed back after ready; persisted and
+/// carried on after a restart like any rollout.
+#[async_trait::async_trait]
+impl crate::node::reimage::DrainFirst for RolloutService {
+    fn drains(&self, node: &NodeRecord) -> bool {
+        !matches!(self.schedulers.of(node), Ok(None))
+    }
+
+    async fn reimage_after_drain(
+        &self,
+        node: &NodeRecord,
+        reason: &str,
+        image: Option<&str>,
+    ) -> Result<crate::api::node::ReimageAccepted, crate::node::reimage::ReimageError> {
+        use crate::node::reimage::ReimageError;
+        let answer = |rollout: i64| crate::api::node::ReimageAccepted {
+            outcome: "draining".into(),
+            node: node.clone().into(),
+            rollout: Some(rollout),
+        };
+        if let Some(id) = self.store.claimed_by(&node.mac).await? {
+            // A rollout moving the node reimages it; one stopped would only hide the
+            // request.
+            return match self.store.rollout(id).await?.map(|(r, _)| r.state) {
+                Some(RolloutState::Running | RolloutState::RollingBack) => Ok(answer(id)),
+                Some(state) => Err(ReimageError::Conflict(format!(
+                    "node {} is held by rollout {id}, which is {state}: resume, abort or roll it back first",
+                    node.mac
+                ))),
+                None => Err(ReimageError::Conflict(format!(
+                    "rollout {id} vanished; try again"
+                ))),
+            };
+        }
+        let image = image
+            .map(str::to_string)
+            .or_else(|| node.assigned.clone())
+            .ok_or_else(|| {
+                ReimageError::BadRequest(format!("node {} has no image assigned", node.mac))
+            })?;
+        let req = RolloutRequest {
+            image,
+            selector: String::new(),
+            nodes: vec![node.mac],
+            canary: 0,
+            wave: "1".into(),
+            max_unavailable: 1,
+            pause_after_canary: false,
+            timeout_secs: 1200,
+            max_failures: 0,
+            on_failure: crate::api::rollout::OnFailure::Halt,
+            reason: format!("reimage: {reason}"),
+        };
+        match self.start(req).await {
+            Ok(r) => Ok(answer(r.id)),
+            // Taken by a rollout between the look and the start: that one reimages it.
+            Err(RolloutError::Conflict(_)) => match self.store.claimed_by(&node.mac).await? {
+                Some(id) => Ok(answer(id)),
+                None => Err(ReimageError::Conflict(format!(
+                    "node {} changed rollouts; try again",
+                    node.mac
+                ))),
+            },
+            Err(RolloutError::BadRequest(m)) => Err(ReimageError::BadRequest(m)),
+            Err(RolloutError::NotFound(id)) => {
+                Err(ReimageError::Conflict(format!("rollout {id} vanished")))
+            }
+            Err(RolloutError::Registry(e)) => Err(ReimageError::Registry(e)),
+            Err(RolloutError::Store(e)) => Err(ReimageError::Store(e)),
+        }
+    }
 }

@@ -733,6 +733,9 @@ pub trait RolloutStore: Send + Sync {
     async fn create_rollout(&self, new: &NewRollout<'_>) -> Result<RolloutCreated, StoreError>;
     /// Every rollout, newest first.
     async fn rollouts(&self) -> Result<Vec<RolloutRow>, StoreError>;
+    /// The rollouts that have not ended (they hold their nodes), oldest first: what the
+    /// controller looks at.
+    async fn active_rollouts(&self) -> Result<Vec<i64>, StoreError>;
     async fn rollout(
         &self,
         id: i64,
@@ -764,6 +767,10 @@ pub trait RolloutStore: Send + Sync {
         mac: &Mac,
         limit: i64,
     ) -> Result<Vec<(i64, String, serde_json::Value)>, StoreError>;
+    /// The rollout that holds `mac` now, if one does.
+    async fn claimed_by(&self, mac: &Mac) -> Result<Option<i64>, StoreError>;
+    /// The nodes of `macs` that exist, in one read (a rollout's look at its nodes).
+    async fn nodes_in(&self, macs: &[Mac]) -> Result<Vec<NodeRecord>, StoreError>;
     /// The image and start time of `mac`'s newest boot.
     async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError>;
     /// The first failure (attestation, validation, quarantine) in `mac`'s history since

@@ -93,6 +93,30 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',')]
         measure_pid: Vec<u32>,
     },
+    /// A rollout over N simulated nodes that boot over HTTP and reboot when asked (after
+    /// --boot-delay, a machine's firmware and kernel start): the time from its start to
+    /// its end against the sum of its waves' durations, the controller's overhead.
+    Rollout {
+        #[arg(long, default_value_t = 5000)]
+        nodes: u32,
+        /// Nodes per wave: a count or a share (10%).
+        #[arg(long, default_value = "10%")]
+        wave: String,
+        #[arg(long, default_value_t = 500)]
+        max_unavailable: u32,
+        /// A simulated reboot's firmware and kernel start, before the boot script.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        boot_delay: Duration,
+        /// Between a node's heartbeats (how soon it hears of its reimage).
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        heartbeat_every: Duration,
+        /// Give up after this long.
+        #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+        deadline: Duration,
+        /// PIDs of the server under test: their CPU time is reported.
+        #[arg(long, value_delimiter = ',')]
+        measure_pid: Vec<u32>,
+    },
     /// The HTTP phase alone: N clients, each on its own connection, download every URL
     /// at once; every Nth cuts its first download halfway and resumes it.
     Http {
@@ -215,6 +239,38 @@ pub async fn run(
                 segment,
             )
             .await?;
+            emit(out, &report, |r| print!("{r}"))
+        }
+        BenchCommand::Rollout {
+            nodes,
+            wave,
+            max_unavailable,
+            boot_delay,
+            heartbeat_every,
+            deadline,
+            measure_pid,
+        } => {
+            raise_open_files_limit();
+            let target = crate::cli::client::Target::resolve(
+                Some(server.to_string()),
+                token,
+                data_dir.map(std::path::Path::to_path_buf),
+                None,
+            )?;
+            let client = crate::cli::client::Client::new(target)?;
+            let token = client
+                .token()
+                .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;
+            let bench = storm::rollout::RolloutBench {
+                nodes,
+                wave,
+                max_unavailable,
+                boot_delay,
+                heartbeat_every,
+                deadline,
+                measure: measure_pid,
+            };
+            let report = storm::rollout::run(server, token, bench).await?;
             emit(out, &report, |r| print!("{r}"))
         }
         BenchCommand::Http {

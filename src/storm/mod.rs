@@ -3,7 +3,8 @@
 //! file, DHCP as iPXE, the boot script, kernel and initrd (some cut and resumed), then
 //! attest, validate and heartbeats. `dhcp` is the shared firmware-like DHCP client,
 //! `node` one node's boot, `report` the figures (pure), `setup` the image and assignments,
-//! `copy` the HTTP phase alone and its loopback bound, `procstat` the server's cost.
+//! `copy` the HTTP phase alone and its loopback bound, `procstat` the server's cost,
+//! `rollout` a rollout over simulated nodes and its controller's overhead.
 
 pub mod bench;
 pub mod copy;
@@ -11,6 +12,7 @@ pub mod dhcp;
 pub mod node;
 pub mod procstat;
 pub mod report;
+pub mod rollout;
 pub mod setup;
 
 use std::time::{Duration, Instant};

@@ -88,7 +88,7 @@ impl NodeResult {
     }
 }
 
-struct Failed(Phase, String);
+pub(crate) struct Failed(pub Phase, pub String);
 
 fn hexhyp(mac: [u8; 6]) -> String {
     mac.iter()
@@ -134,6 +134,21 @@ async fn run(
     r: &mut NodeResult,
     power_on: Instant,
 ) -> Result<(), Failed> {
+    let (url, leased) = pxe(segment, b, mac, r).await?;
+    let http = client(b.bind_leased.then_some(leased)).map_err(|e| Failed(Phase::Script, e))?;
+    match from_script(&http, &url, b, mac, cut, r, power_on).await? {
+        Some(booted) => heartbeats(&http, b, &booted, r).await,
+        None => Ok(()),
+    }
+}
+
+/// The PXE ROM and iPXE's DHCP: the script URL, and the address leased.
+async fn pxe(
+    segment: &Segment,
+    b: &Behaviour,
+    mac: [u8; 6],
+    r: &mut NodeResult,
+) -> Result<(String, std::net::Ipv4Addr), Failed> {
     // The PXE ROM: DHCP, then the boot file over TFTP; a failed TFTP restarts PXE.
     let mut attempt = 0;
     let leased = loop {
@@ -170,23 +185,60 @@ async fn run(
         .file
         .filter(|f| f.starts_with("http://"))
         .ok_or_else(|| Failed(Phase::DhcpIpxe, "no script URL for iPXE".into()))?;
+    Ok((url, leased))
+}
+
+/// A node's HTTP client, sending from `local` when given.
+pub fn client(local: Option<std::net::Ipv4Addr>) -> Result<reqwest::Client, String> {
     let mut http = crate::http_client::builder()
         .timeout(Duration::from_secs(120))
         .pool_max_idle_per_host(1);
-    if b.bind_leased {
-        http = http.local_address(IpAddr::V4(leased));
+    if let Some(ip) = local {
+        http = http.local_address(IpAddr::V4(ip));
     }
-    let http = http
-        .build()
-        .map_err(|e| Failed(Phase::Script, e.to_string()))?;
+    http.build().map_err(|e| e.to_string())
+}
 
+/// A booted node, as its agent knows itself.
+pub struct Booted {
+    server: String,
+    token: String,
+    boot: String,
+    mac: Mac,
+    args: String,
+    uuids: Vec<String>,
+}
+
+impl Booted {
+    fn agent<'a>(&'a self, http: &'a reqwest::Client) -> Agent<'a> {
+        Agent {
+            http,
+            server: self.server.clone(),
+            token: self.token.clone(),
+            boot: self.boot.clone(),
+            mac: self.mac,
+        }
+    }
+}
+
+/// From the boot script at `url` to validated: the script (and the one it chains to),
+/// kernel and initrds, attest, validate. None when the behaviour has no agent.
+pub(crate) async fn from_script(
+    http: &reqwest::Client,
+    url: &str,
+    b: &Behaviour,
+    mac: [u8; 6],
+    cut: bool,
+    r: &mut NodeResult,
+    power_on: Instant,
+) -> Result<Option<Booted>, Failed> {
     // The script: the entry script chains to the node's own.
     let t = Instant::now();
-    let mut script = get_text(&http, &url, r)
+    let mut script = get_text(http, url, r)
         .await
         .map_err(|e| Failed(Phase::Script, e))?;
     if let Some(next) = chained(&script, mac) {
-        script = get_text(&http, &next, r)
+        script = get_text(http, &next, r)
             .await
             .map_err(|e| Failed(Phase::Script, e))?;
     }
@@ -194,20 +246,20 @@ async fn run(
     let plan = parse_script(&script).map_err(|e| Failed(Phase::Script, e))?;
 
     let t = Instant::now();
-    r.http_bytes += download(&http, &plan.kernel, cut, r)
+    r.http_bytes += download(http, &plan.kernel, cut, r)
         .await
         .map_err(|e| Failed(Phase::Kernel, e))?;
     r.phases.push((Phase::Kernel, t.elapsed()));
     let t = Instant::now();
     for initrd in &plan.initrds {
-        r.http_bytes += download(&http, initrd, false, r)
+        r.http_bytes += download(http, initrd, false, r)
             .await
             .map_err(|e| Failed(Phase::Initrd, e))?;
     }
     r.phases.push((Phase::Initrd, t.elapsed()));
     if b.no_agent {
         r.phases.push((Phase::Ready, power_on.elapsed()));
-        return Ok(());
+        return Ok(None);
     }
 
     // The agent, from the kernel command line.
@@ -224,7 +276,7 @@ async fn run(
             })
     };
     let agent = Agent {
-        http: &http,
+        http,
         server: arg("server")?,
         token: arg("token")?,
         boot: arg("boot")?,
@@ -294,31 +346,60 @@ async fn run(
     r.phases.push((Phase::Validate, t.elapsed()));
     r.phases.push((Phase::Ready, power_on.elapsed()));
 
+    Ok(Some(Booted {
+        server: agent.server,
+        token: agent.token,
+        boot: agent.boot,
+        mac: agent.mac,
+        args: plan.args,
+        uuids,
+    }))
+}
+
+/// One heartbeat as the agent sends it; the server's answer.
+pub(crate) async fn heartbeat(
+    http: &reqwest::Client,
+    b: &Behaviour,
+    booted: &Booted,
+    r: &mut NodeResult,
+) -> Result<NextAction, Failed> {
+    let t = Instant::now();
+    let heartbeat = HeartbeatRequest {
+        boot_id: booted.boot.clone(),
+        mac: booted.mac,
+        facts: Some(NodeFacts {
+            kernel_release: Some(b.kernel_release.clone()),
+            cmdline: Some(booted.args.clone()),
+            versions: b.versions.clone(),
+            modules: BTreeMap::new(),
+            gpus: Some(booted.uuids.clone()),
+        }),
+    };
+    let answer: HeartbeatAnswer = booted
+        .agent(http)
+        .post("heartbeat", &heartbeat, r)
+        .await
+        .map_err(|e| Failed(Phase::Heartbeat, e))?;
+    r.phases.push((Phase::Heartbeat, t.elapsed()));
+    Ok(answer.action)
+}
+
+/// `b.heartbeats` heartbeats; anything but "none" in answer is a failure in a storm.
+async fn heartbeats(
+    http: &reqwest::Client,
+    b: &Behaviour,
+    booted: &Booted,
+    r: &mut NodeResult,
+) -> Result<(), Failed> {
     for i in 0..b.heartbeats {
         if i > 0 {
             tokio::time::sleep(b.heartbeat_every).await;
         }
-        let t = Instant::now();
-        let heartbeat = HeartbeatRequest {
-            boot_id: agent.boot.clone(),
-            mac: agent.mac,
-            facts: Some(NodeFacts {
-                kernel_release: Some(b.kernel_release.clone()),
-                cmdline: Some(plan.args.clone()),
-                versions: b.versions.clone(),
-                modules: BTreeMap::new(),
-                gpus: Some(uuids.clone()),
-            }),
-        };
-        let answer: HeartbeatAnswer = agent
-            .post("heartbeat", &heartbeat, r)
-            .await
-            .map_err(|e| Failed(Phase::Heartbeat, e))?;
-        r.phases.push((Phase::Heartbeat, t.elapsed()));
-        if answer.action != NextAction::None {
+        let action = heartbeat(http, b, booted, r).await?;
+        if action != NextAction::None {
             return Err(Failed(
                 Phase::Heartbeat,
-                format!("heartbeat answered {:?}", answer.action),
+                format!("heartbeat answered {action:?}"),
             ));
         }
     }

@@ -40,18 +40,18 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-pub fn manifest() -> String {
+pub fn manifest(version: &str) -> String {
     format!(
-        "name = \"storm\"\nversion = \"1\"\n\n[boot]\nkernel = \"vmlinuz\"\ninitrds = [\"initrd.img\"]\n\
+        "name = \"storm\"\nversion = \"{version}\"\n\n[boot]\nkernel = \"vmlinuz\"\ninitrds = [\"initrd.img\"]\n\
          cmdline = \"console=ttyS0 quiet\"\n\n[pins]\nkernel = \"{KERNEL_RELEASE}\"\nnvidia-driver = \"{DRIVER}\"\n\n\
          [validation]\ngpus = 8\ngpu-model = \"H100\"\n"
     )
 }
 
-fn bundle(kernel: &[u8], initrd: &[u8]) -> anyhow::Result<Vec<u8>> {
+fn bundle(version: &str, kernel: &[u8], initrd: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
     for (name, data) in [
-        ("manifest.toml", manifest().as_bytes()),
+        ("manifest.toml", manifest(version).as_bytes()),
         ("vmlinuz", kernel),
         ("initrd.img", initrd),
     ] {
@@ -63,6 +63,33 @@ fn bundle(kernel: &[u8], initrd: &[u8]) -> anyhow::Result<Vec<u8>> {
         b.append_data(&mut h, name, data)?;
     }
     Ok(b.into_inner()?)
+}
+
+/// Publishes version `version` of the storm image (with these kernel and initrd bytes)
+/// and points `tag` at it; publishing it again is harmless.
+pub async fn publish(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    version: &str,
+    tag: &str,
+    kernel: &[u8],
+    initrd: &[u8],
+) -> anyhow::Result<()> {
+    let r = http
+        .post(format!("{base}/api/v1/images?tag={tag}"))
+        .bearer_auth(token)
+        .body(bundle(version, kernel, initrd)?)
+        .send()
+        .await
+        .context("cannot reach the server")?;
+    let status = r.status();
+    let image: serde_json::Value = r.json().await?;
+    anyhow::ensure!(
+        status.is_success() || status == 409,
+        "publish refused ({status}): {image}"
+    );
+    Ok(())
 }
 
 /// Publishes the storm image under `TAG`, assigns it to nodes `0..nodes`, and writes the
@@ -86,19 +113,7 @@ pub async fn setup(
         .timeout(Duration::from_secs(300))
         .build()?;
     let base = server.trim_end_matches('/');
-    let r = http
-        .post(format!("{base}/api/v1/images?tag={TAG}"))
-        .bearer_auth(token)
-        .body(bundle(&kernel, &initrd)?)
-        .send()
-        .await
-        .context("cannot reach the server")?;
-    let status = r.status();
-    let image: serde_json::Value = r.json().await?;
-    anyhow::ensure!(
-        status.is_success() || status == 409,
-        "publish refused ({status}): {image}"
-    );
+    publish(&http, base, token, "1", TAG, &kernel, &initrd).await?;
     let assigned = futures_util::stream::iter(0..nodes)
         .map(|i| {
             let (http, url) = (

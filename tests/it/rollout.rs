@@ -815,3 +815,200 @@ async fn a_server_killed_mid_rollout_finishes_it_after_restart_reimaging_no_node
     fleet.stop().await;
     drop(server);
 }
+
+/// A drain hook that records what it is told in `dir` and says drained once
+/// `dir/<mac>.free` exists.
+fn hook_script(dir: &std::path::Path) -> std::path::PathBuf {
+    let script = dir.join("hook.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nd={d}\nm=$(echo \"$BOOTFLEET_NODE_MAC\" | tr : -)\ncase \"$1\" in\n\
+             drain) printf '%s\\n%s\\n' \"$BOOTFLEET_NODE_LABELS\" \"$BOOTFLEET_REASON\" > $d/$m.draining ;;\n\
+             status) if [ -e $d/$m.free ]; then echo drained; else echo draining; fi ;;\n\
+             resume) touch $d/$m.resumed ;;\n*) exit 2 ;;\nesac\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The hook scheduler: an operator's program asked to drain, polled for its status, and
+/// told to resume, with the node in its environment; a drain past the drain timeout is
+/// skipped (and handed back); a label naming no scheduler fails that node alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hook_drains_and_resumes_nodes_and_a_slow_drain_is_skipped() {
+    let hooks = tempfile::tempdir().unwrap();
+    let dir = hooks.path().to_path_buf();
+    let script = hook_script(&dir);
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.drain.timeout_secs = 8;
+        cfg.drain.hook = Some(bootfleet::rollout::drain::hook::HookSettings {
+            command: script.clone(),
+            timeout_secs: 10,
+        });
+    })
+    .await;
+    publish(&server, "1", "stable").await;
+    publish(&server, "2", "next").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    for i in 0..3 {
+        fleet
+            .add(
+                i,
+                "gpu:stable",
+                &[("scheduler", "hook".into()), ("pool", "h".into())],
+            )
+            .await;
+    }
+    fleet
+        .add(
+            3,
+            "gpu:stable",
+            &[("scheduler", "pbs".into()), ("pool", "h".into())],
+        )
+        .await;
+    wait_ready(&fleet, 4).await;
+    let (s, started) = fleet
+        .admin(
+            reqwest::Method::POST,
+            "/api/v1/rollouts",
+            Some(json!({ "image": "gpu:next", "selector": "pool=h", "wave": "4", "max_unavailable": 4,
+                         "max_failures": 1, "timeout_secs": 60, "reason": "hooked" })),
+        )
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    let status_of = |r: &Value, i: usize| {
+        let mac = mac_of(i).replace('-', ":");
+        r["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["mac"] == mac.as_str())
+            .unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let r = wait_rollout(&fleet, id, 30, |r| {
+        (0..3).all(|i| status_of(r, i) == "draining")
+    })
+    .await;
+    assert_eq!(status_of(&r, 3), "failed", "{r:#}");
+    // What the hook was told.
+    let told = std::fs::read_to_string(dir.join(format!("{}.draining", mac_of(0)))).unwrap();
+    assert!(
+        told.contains("\"scheduler\":\"hook\"") && told.contains(&format!("rollout {id}")),
+        "{told}"
+    );
+    // Nodes 0 and 1 drain; node 2 never does.
+    for i in 0..2 {
+        std::fs::write(dir.join(format!("{}.free", mac_of(i))), "").unwrap();
+    }
+    let end = wait_rollout(&fleet, id, 60, |r| r["state"] != "running").await;
+    assert_eq!(end["state"], "finished", "{end:#}");
+    assert_eq!(
+        [status_of(&end, 0), status_of(&end, 1), status_of(&end, 2)],
+        ["done", "done", "skipped"]
+    );
+    let failed = end["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["status"] == "failed")
+        .unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("scheduler=pbs names no scheduler"),
+        "{failed}"
+    );
+    for i in 0..3 {
+        assert!(
+            dir.join(format!("{}.resumed", mac_of(i))).exists(),
+            "node {i} not handed back"
+        );
+    }
+    fleet.stop().await;
+    server.stop().await;
+}
+
+/// An admin's reimage of a node with a scheduler waits for its drain (a one-node rollout,
+/// answered "draining" with its number; asking again gets the same one); a node without
+/// one is reimaged at once, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manual_reimage_of_a_node_with_a_scheduler_waits_for_its_drain() {
+    let hooks = tempfile::tempdir().unwrap();
+    let dir = hooks.path().to_path_buf();
+    let script = hook_script(&dir);
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.drain.hook = Some(bootfleet::rollout::drain::hook::HookSettings {
+            command: script.clone(),
+            timeout_secs: 10,
+        });
+    })
+    .await;
+    publish(&server, "1", "stable").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    fleet
+        .add(0, "gpu:stable", &[("scheduler", "hook".into())])
+        .await;
+    fleet.add(1, "gpu:stable", &[]).await;
+    wait_ready(&fleet, 2).await;
+    let reimage = |i: usize| {
+        let path = format!("/api/v1/nodes/{}/reimage", mac_of(i));
+        (path, json!({ "reason": "XID 79 on GPU 3" }))
+    };
+    let (p, b) = reimage(0);
+    let (s, first) = fleet
+        .admin(reqwest::Method::POST, &p, Some(b.clone()))
+        .await;
+    assert_eq!(
+        (s, first["outcome"].as_str()),
+        (202, Some("draining")),
+        "{first}"
+    );
+    let id = first["rollout"].as_i64().unwrap();
+    let (_, again) = fleet.admin(reqwest::Method::POST, &p, Some(b)).await;
+    assert_eq!(
+        (again["outcome"].as_str(), again["rollout"].as_i64()),
+        (Some("draining"), Some(id))
+    );
+    let r = wait_rollout(&fleet, id, 30, |r| r["nodes"][0]["status"] == "draining").await;
+    assert_eq!(r["spec"]["reason"], "reimage: XID 79 on GPU 3");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, node) = fleet
+        .admin(
+            reqwest::Method::GET,
+            &format!("/api/v1/nodes/{}", mac_of(0)),
+            None,
+        )
+        .await;
+    assert_eq!(node["state"], "ready", "reimaged before its drain");
+    std::fs::write(dir.join(format!("{}.free", mac_of(0))), "").unwrap();
+    let end = wait_rollout(&fleet, id, 30, |r| r["state"] != "running").await;
+    assert_eq!(
+        (end["state"].as_str(), end["nodes"][0]["status"].as_str()),
+        (Some("finished"), Some("done")),
+        "{end:#}"
+    );
+    assert!(dir.join(format!("{}.resumed", mac_of(0))).exists());
+    // No scheduler: at once.
+    let (p, b) = reimage(1);
+    let (s, now) = fleet.admin(reqwest::Method::POST, &p, Some(b)).await;
+    assert_eq!(
+        (s, now["outcome"].as_str()),
+        (202, Some("accepted")),
+        "{now}"
+    );
+    assert!(now.get("rollout").is_none());
+    fleet.stop().await;
+    server.stop().await;
+}

@@ -302,7 +302,9 @@ async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
         "handed back before it was ready again"
     );
     // The new boot's timeline opens with the drain that led to it.
-    let (_, node) = fleet.admin(reqwest::Method::GET, &format!("/api/v1/nodes/{mac}"), None).await;
+    let (_, node) = fleet
+        .admin(reqwest::Method::GET, &format!("/api/v1/nodes/{mac}"), None)
+        .await;
     let steps: Vec<&str> = node["boots"][0]["steps"]
         .as_array()
         .unwrap()
@@ -311,7 +313,10 @@ async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
         .collect();
     assert_eq!(
         steps[..2],
-        [format!("scheduler drain asked (rollout {id})"), format!("scheduler drained (rollout {id})")],
+        [
+            format!("scheduler drain asked (rollout {id})"),
+            format!("scheduler drained (rollout {id})")
+        ],
         "{steps:?}"
     );
     fleet.stop().await;

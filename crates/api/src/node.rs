@@ -198,9 +198,13 @@ pub struct ReimageRequest {
 /// The answer to an accepted reimage request (202).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReimageAccepted {
-    /// `accepted`, or `already-reimaging` (nothing changed).
+    /// `accepted`, `already-reimaging` (nothing changed), or `draining`: the node has a
+    /// workload scheduler, which drains it first; `rollout` carries it out.
     pub outcome: String,
     pub node: Node,
+    /// The rollout that drains and reimages the node, when it waits for a drain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<i64>,
 }
 
 /// The answer to `POST /api/v1/nodes/{mac}/revalidate` (202).

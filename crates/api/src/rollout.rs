@@ -110,8 +110,13 @@ named! {
 pub struct RolloutRequest {
     /// The image REF (digest, name:version or name:tag), resolved once at start.
     pub image: String,
-    /// The nodes: a label selector (`rack=r12,sku=hgx-h100`), matched once at start.
+    /// The nodes: a label selector (`rack=r12,sku=hgx-h100`), matched once at start; or
+    /// empty, with `nodes`.
+    #[serde(default)]
     pub selector: String,
+    /// The nodes by MAC instead of a selector.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<Mac>,
     /// Nodes in the first wave, the canaries.
     #[serde(default)]
     pub canary: u32,

@@ -95,6 +95,8 @@ impl NodeService {
             if self.policy.drift_action(&node.labels) == DriftAction::Reimage {
                 let reason = format!("drift policy: {named}");
                 match self.reimage.request(mac, &reason, None, None).await {
+                    // Waiting for its scheduler's drain: no reboot yet.
+                    Ok(a) if !crate::node::reimage::moved_now(&a) => {}
                     Ok(_) => return Ok(answer(NextAction::Reboot, drift)),
                     // Stays drifted; the next heartbeat asks again, which is the queue.
                     Err(ReimageError::OverBudget(why)) => {

@@ -12,8 +12,8 @@ use crate::api::{Digest, Mac};
 use crate::clock::now_ms;
 use crate::store::rows::{self, select_rollout_nodes, select_rollouts};
 use crate::store::{
-    NewRollout, ReimageRule, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow, RolloutRow,
-    RolloutStore, StepMove, StepReimage, StoreError,
+    NewRollout, NodeRecord, ReimageRule, RolloutCreated, RolloutMove, RolloutMoved, RolloutNodeRow,
+    RolloutRow, RolloutStore, StepMove, StepReimage, StoreError,
 };
 
 /// Moves one step if it is still at `m.from`, with its event; false when it was not.
@@ -157,6 +157,15 @@ impl RolloutStore for PgStore {
         found.into_iter().map(rows::rollout).collect()
     }
 
+    async fn active_rollouts(&self) -> Result<Vec<i64>, StoreError> {
+        let found: Vec<(i64,)> = sqlx::query_as(
+            "SELECT id FROM rollouts WHERE state NOT IN ('finished', 'aborted', 'rolled-back') ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(found.into_iter().map(|(id,)| id).collect())
+    }
+
     async fn rollout(
         &self,
         id: i64,
@@ -272,6 +281,24 @@ impl RolloutStore for PgStore {
         tx.commit().await?;
         self.notify_events();
         Ok(StepReimage::Moved)
+    }
+
+    async fn claimed_by(&self, mac: &Mac) -> Result<Option<i64>, StoreError> {
+        let found: Option<(i64,)> =
+            sqlx::query_as("SELECT rollout_id FROM rollout_claims WHERE mac = $1")
+                .bind(mac.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(found.map(|(id,)| id))
+    }
+
+    async fn nodes_in(&self, macs: &[Mac]) -> Result<Vec<NodeRecord>, StoreError> {
+        let list: Vec<String> = macs.iter().map(Mac::to_string).collect();
+        let found: Vec<rows::NodeRow> = sqlx::query_as(rows::select_nodes!("WHERE mac = ANY($1)"))
+            .bind(list)
+            .fetch_all(&self.pool)
+            .await?;
+        rows::nodes(found)
     }
 
     async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError> {
