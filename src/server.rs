@@ -76,7 +76,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     }
     let controller = crate::node::controller::NodeController::new(store.clone())
         .with_discovery_cap(cfg.discovery.max_unassigned);
-    let schedulers = std::sync::Arc::new(crate::rollout::drain::Schedulers::new(&cfg.drain));
+    let schedulers = std::sync::Arc::new(crate::rollout::drain::Schedulers::load(&cfg.drain)?);
     let rollouts = crate::rollout::service::RolloutService {
         store: store.clone(),
         registry: registry.clone(),

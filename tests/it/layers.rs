@@ -39,7 +39,16 @@ const RULES: &[(&str, &[&str])] = &[
     ),
     (
         "rollout",
-        &["api", "clock", "leader", "node", "registry", "store"],
+        &[
+            "api",
+            "clock",
+            "events",
+            "http_client",
+            "leader",
+            "node",
+            "registry",
+            "store",
+        ],
     ),
     (
         "http",

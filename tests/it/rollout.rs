@@ -1012,3 +1012,115 @@ async fn a_manual_reimage_of_a_node_with_a_scheduler_waits_for_its_drain() {
     fleet.stop().await;
     server.stop().await;
 }
+
+/// What the drain endpoint below was sent, and whether it says drained yet.
+#[derive(Clone, Default)]
+struct DrainEndpoint {
+    calls: Arc<std::sync::Mutex<Vec<Value>>>,
+    free: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// An operator's drain endpoint: refuses a call whose signature does not verify with the
+/// shared secret, records the rest, says draining until freed.
+async fn drain_endpoint(
+    axum::extract::State(ep): axum::extract::State<DrainEndpoint>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (axum::http::StatusCode, String) {
+    let signature = headers
+        .get(bootfleet::events::webhook::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if bootfleet::events::webhook::verify(b"drain-s3cret", signature, &body).is_none() {
+        return (axum::http::StatusCode::UNAUTHORIZED, "bad signature".into());
+    }
+    let call: Value = serde_json::from_slice(&body).unwrap();
+    let action = call["action"].as_str().unwrap().to_string();
+    ep.calls.lock().unwrap().push(call);
+    let state = if ep.free.load(std::sync::atomic::Ordering::SeqCst) {
+        "drained"
+    } else {
+        "draining"
+    };
+    match action.as_str() {
+        "status" => (
+            axum::http::StatusCode::OK,
+            json!({ "state": state }).to_string(),
+        ),
+        _ => (axum::http::StatusCode::NO_CONTENT, String::new()),
+    }
+}
+
+/// The webhook scheduler: signed calls to the operator's endpoint (which checks them),
+/// the drain waited for, the node handed back after ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_signed_webhook_drains_and_resumes_a_node() {
+    let ep = DrainEndpoint::default();
+    let app = axum::Router::new()
+        .route("/drain", axum::routing::post(drain_endpoint))
+        .with_state(ep.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/drain", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let secrets = tempfile::tempdir().unwrap();
+    let secret_file = secrets.path().join("drain.secret");
+    std::fs::write(&secret_file, "drain-s3cret\n").unwrap();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.drain.webhook = Some(bootfleet::rollout::drain::webhook::WebhookSettings {
+            url: url.clone(),
+            secret_file: secret_file.clone(),
+            timeout_secs: 5,
+        });
+    })
+    .await;
+    publish(&server, "1", "stable").await;
+    publish(&server, "2", "next").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    fleet
+        .add(
+            0,
+            "gpu:stable",
+            &[
+                ("scheduler", "webhook".into()),
+                ("k8s-node", "gpu-a1".into()),
+            ],
+        )
+        .await;
+    wait_ready(&fleet, 1).await;
+    let body = json!({ "image": "gpu:next", "nodes": [mac_of(0).replace('-', ":")], "reason": "webhooked" });
+    let (s, started) = fleet
+        .admin(reqwest::Method::POST, "/api/v1/rollouts", Some(body))
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    wait_rollout(&fleet, id, 30, |r| r["nodes"][0]["status"] == "draining").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, node) = fleet
+        .admin(
+            reqwest::Method::GET,
+            &format!("/api/v1/nodes/{}", mac_of(0)),
+            None,
+        )
+        .await;
+    assert_eq!(node["state"], "ready", "reimaged before its drain");
+    ep.free.store(true, std::sync::atomic::Ordering::SeqCst);
+    let end = wait_rollout(&fleet, id, 30, |r| r["state"] != "running").await;
+    assert_eq!(
+        (end["state"].as_str(), end["nodes"][0]["status"].as_str()),
+        (Some("finished"), Some("done")),
+        "{end:#}"
+    );
+    let calls = ep.calls.lock().unwrap().clone();
+    let actions: Vec<&str> = calls
+        .iter()
+        .map(|c| c["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions.first(), Some(&"drain"), "{actions:?}");
+    assert_eq!(actions.last(), Some(&"resume"), "{actions:?}");
+    assert!(actions.contains(&"status"));
+    assert_eq!(calls[0]["node"]["labels"]["k8s-node"], "gpu-a1");
+    assert!(calls[0]["reason"].as_str().unwrap().contains("webhooked"));
+    fleet.stop().await;
+    server.stop().await;
+}

@@ -1,12 +1,14 @@
 //! Workload schedulers: before a rollout reimages a node it asks the node's scheduler to
 //! drain it (no new work; running work ends), waits until it is drained, and hands the
 //! node back after it is ready again. Which scheduler a node has is its label
-//! (`[drain] label`, default `scheduler`): `slurm` (`slurm.rs`, scontrol) or `hook`
-//! (`hook.rs`, an operator's command, e.g. the kubectl example in `deploy/drain/`). A node
-//! without the label is not drained.
+//! (`[drain] label`, default `scheduler`): `slurm` (`slurm.rs`, scontrol), `hook`
+//! (`hook.rs`, an operator's command, e.g. the kubectl example in `deploy/drain/`) or
+//! `webhook` (`webhook.rs`, signed calls to an operator's endpoint). A node without the
+//! label is not drained.
 
 pub mod hook;
 pub mod slurm;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -71,6 +73,7 @@ pub struct DrainSettings {
     pub on_timeout: DrainTimeout,
     pub slurm: slurm::SlurmSettings,
     pub hook: Option<hook::HookSettings>,
+    pub webhook: Option<webhook::WebhookSettings>,
 }
 
 impl Default for DrainSettings {
@@ -81,6 +84,7 @@ impl Default for DrainSettings {
             on_timeout: DrainTimeout::Skip,
             slurm: Default::default(),
             hook: None,
+            webhook: None,
         }
     }
 }
@@ -99,15 +103,18 @@ pub struct Schedulers {
     label: String,
     slurm: slurm::Slurm,
     hook: Option<hook::Hook>,
+    webhook: Option<webhook::Webhook>,
 }
 
 impl Schedulers {
-    pub fn new(s: &DrainSettings) -> Self {
-        Self {
+    /// The drivers `s` sets up; a webhook whose URL or secret is bad stops the start.
+    pub fn load(s: &DrainSettings) -> Result<Self, DrainError> {
+        Ok(Self {
             label: s.label.clone(),
             slurm: slurm::Slurm::new(s.slurm.clone()),
             hook: s.hook.clone().map(hook::Hook::new),
-        }
+            webhook: s.webhook.as_ref().map(webhook::Webhook::load).transpose()?,
+        })
     }
 
     /// The node's scheduler: None when it has none (no label); an error when the label
@@ -123,8 +130,15 @@ impl Schedulers {
                     self.label
                 ))),
             },
+            Some("webhook") => match &self.webhook {
+                Some(w) => Ok(Some(w)),
+                None => Err(DrainError(format!(
+                    "{}=webhook but [drain.webhook] has no url",
+                    self.label
+                ))),
+            },
             Some(other) => Err(DrainError(format!(
-                "{}={other} names no scheduler (slurm, hook or none)",
+                "{}={other} names no scheduler (slurm, hook, webhook or none)",
                 self.label
             ))),
         }
