@@ -283,27 +283,15 @@ impl Controller {
         action: Action,
     ) -> Result<(), StoreError> {
         let id = row.id;
-        let store = &self.store;
-        let ev = |s: StepStatus| kind::rollout_node(s);
         match action {
             Action::Done(mac) => {
                 self.resume(row, &mac, records).await?;
-                let k = ev(StepStatus::Done);
                 let why = format!("ready on {}", row.digest);
-                store
-                    .move_step(
-                        id,
-                        &step_move(&mac, StepStatus::Reimaging, StepStatus::Done, &why, &k),
-                    )
+                self.mark(id, &mac, StepStatus::Reimaging, StepStatus::Done, &why)
                     .await?;
             }
             Action::Fail(mac, why) => {
-                let k = ev(StepStatus::Failed);
-                store
-                    .move_step(
-                        id,
-                        &step_move(&mac, StepStatus::Reimaging, StepStatus::Failed, &why, &k),
-                    )
+                self.mark(id, &mac, StepStatus::Reimaging, StepStatus::Failed, &why)
                     .await?;
             }
             Action::Start(mac) => self.start(row, spec, &mac, records).await?,
@@ -335,60 +323,40 @@ impl Controller {
             }
             Action::Skip(mac, why) => {
                 self.resume(row, &mac, records).await?;
-                let k = ev(StepStatus::Skipped);
-                store
-                    .move_step(
-                        id,
-                        &step_move(&mac, StepStatus::Draining, StepStatus::Skipped, &why, &k),
-                    )
+                self.mark(id, &mac, StepStatus::Draining, StepStatus::Skipped, &why)
                     .await?;
             }
             Action::CancelDrain(mac) => {
                 self.resume(row, &mac, records).await?;
-                let k = ev(StepStatus::Skipped);
                 let why = "the rollout is rolling back: not reimaged";
-                store
-                    .move_step(
-                        id,
-                        &step_move(&mac, StepStatus::Draining, StepStatus::Skipped, why, &k),
-                    )
+                self.mark(id, &mac, StepStatus::Draining, StepStatus::Skipped, why)
                     .await?;
             }
             Action::QueueRollback(mac) => {
-                let k = ev(StepStatus::RollbackPending);
                 let why = "reimaged while the rollout began rolling back";
-                store
-                    .move_step(
-                        id,
-                        &step_move(
-                            &mac,
-                            StepStatus::Reimaging,
-                            StepStatus::RollbackPending,
-                            why,
-                            &k,
-                        ),
-                    )
-                    .await?;
+                self.mark(
+                    id,
+                    &mac,
+                    StepStatus::Reimaging,
+                    StepStatus::RollbackPending,
+                    why,
+                )
+                .await?;
             }
             Action::StartRollback(mac) => {
                 let Some(step) = steps.iter().find(|s| s.row.mac == mac) else {
                     return Ok(());
                 };
                 let Some(previous) = step.row.previous_digest else {
-                    let k = ev(StepStatus::RollbackFailed);
                     let why = "no earlier boot to return to";
-                    store
-                        .move_step(
-                            id,
-                            &step_move(
-                                &mac,
-                                StepStatus::RollbackPending,
-                                StepStatus::RollbackFailed,
-                                why,
-                                &k,
-                            ),
-                        )
-                        .await?;
+                    self.mark(
+                        id,
+                        &mac,
+                        StepStatus::RollbackPending,
+                        StepStatus::RollbackFailed,
+                        why,
+                    )
+                    .await?;
                     return Ok(());
                 };
                 let assign = match &step.row.previous_assigned {
@@ -401,39 +369,44 @@ impl Controller {
             }
             Action::RolledBack(mac) => {
                 self.resume(row, &mac, records).await?;
-                let k = ev(StepStatus::RolledBack);
                 let why = "ready on its previous image";
-                store
-                    .move_step(
-                        id,
-                        &step_move(
-                            &mac,
-                            StepStatus::RollingBack,
-                            StepStatus::RolledBack,
-                            why,
-                            &k,
-                        ),
-                    )
-                    .await?;
+                self.mark(
+                    id,
+                    &mac,
+                    StepStatus::RollingBack,
+                    StepStatus::RolledBack,
+                    why,
+                )
+                .await?;
             }
             Action::RollbackFailed(mac, why) => {
-                let k = ev(StepStatus::RollbackFailed);
-                store
-                    .move_step(
-                        id,
-                        &step_move(
-                            &mac,
-                            StepStatus::RollingBack,
-                            StepStatus::RollbackFailed,
-                            &why,
-                            &k,
-                        ),
-                    )
-                    .await?;
+                self.mark(
+                    id,
+                    &mac,
+                    StepStatus::RollingBack,
+                    StepStatus::RollbackFailed,
+                    &why,
+                )
+                .await?;
             }
             Action::Rollout(change) => self.change(row, change).await?,
         }
         Ok(())
+    }
+
+    /// Moves one step from `from` to `to` with its event; false when it was not at `from`.
+    async fn mark(
+        &self,
+        id: i64,
+        mac: &Mac,
+        from: StepStatus,
+        to: StepStatus,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        let k = kind::rollout_node(to);
+        self.store
+            .move_step(id, &step_move(mac, from, to, why, &k))
+            .await
     }
 
     /// What a node is assigned for `digest`: `reference` while it still means that
@@ -459,36 +432,21 @@ impl Controller {
     ) -> Result<(), StoreError> {
         let id = row.id;
         let Some(node) = records.get(mac) else {
-            let k = kind::rollout_node(StepStatus::Failed);
             let why = "the node was removed";
-            self.store
-                .move_step(
-                    id,
-                    &step_move(mac, StepStatus::Pending, StepStatus::Failed, why, &k),
-                )
+            self.mark(id, mac, StepStatus::Pending, StepStatus::Failed, why)
                 .await?;
             return Ok(());
         };
         match self.schedulers.of(node) {
             Err(e) => {
-                let k = kind::rollout_node(StepStatus::Failed);
                 let why = e.to_string();
-                self.store
-                    .move_step(
-                        id,
-                        &step_move(mac, StepStatus::Pending, StepStatus::Failed, &why, &k),
-                    )
+                self.mark(id, mac, StepStatus::Pending, StepStatus::Failed, &why)
                     .await?;
             }
             Ok(Some(scheduler)) => {
-                let k = kind::rollout_node(StepStatus::Draining);
                 let reason = drain_reason(row, spec);
                 let moved = self
-                    .store
-                    .move_step(
-                        id,
-                        &step_move(mac, StepStatus::Pending, StepStatus::Draining, &reason, &k),
-                    )
+                    .mark(id, mac, StepStatus::Pending, StepStatus::Draining, &reason)
                     .await?;
                 // Asked after the step is written: a restart in between asks again.
                 if moved && let Err(e) = scheduler.drain(&Target::from(node), &reason).await {
@@ -528,10 +486,7 @@ impl Controller {
             } else {
                 StepStatus::Failed
             };
-            let k = kind::rollout_node(to);
-            self.store
-                .move_step(row.id, &step_move(mac, from, to, &why, &k))
-                .await
+            self.mark(row.id, mac, from, to, &why).await
         };
         let outcome = match self
             .store

@@ -163,6 +163,25 @@ struct TftpReport {
 }
 
 /// The storm commands; `server`, `token` and `data_dir` are the global admin options.
+/// The admin token: given, or read from the server's data directory as the CLI does.
+fn admin_token(
+    server: &str,
+    token: Option<String>,
+    data_dir: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
+    let target = crate::cli::client::Target::resolve(
+        Some(server.to_string()),
+        token,
+        data_dir.map(std::path::Path::to_path_buf),
+        None,
+    )?;
+    let client = crate::cli::client::Client::new(target)?;
+    client
+        .token()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))
+}
+
 pub async fn run(
     cmd: BenchCommand,
     out: OutputFormat,
@@ -178,16 +197,8 @@ pub async fn run(
             initrd_mib,
             reference_dir,
         } => {
-            let target = crate::cli::client::Target::resolve(
-                Some(server.to_string()),
-                token,
-                data_dir.map(std::path::Path::to_path_buf),
-                None,
-            )?;
-            let client = crate::cli::client::Client::new(target)?;
-            let token = client
-                .token()
-                .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;
+            let token = admin_token(server, token, data_dir)?;
+            let token = token.as_str();
             let urls = storm::setup::setup(
                 server,
                 token,
@@ -251,16 +262,8 @@ pub async fn run(
             measure_pid,
         } => {
             raise_open_files_limit();
-            let target = crate::cli::client::Target::resolve(
-                Some(server.to_string()),
-                token,
-                data_dir.map(std::path::Path::to_path_buf),
-                None,
-            )?;
-            let client = crate::cli::client::Client::new(target)?;
-            let token = client
-                .token()
-                .ok_or_else(|| anyhow::anyhow!("no admin token: --token or BOOTFLEET_TOKEN"))?;
+            let token = admin_token(server, token, data_dir)?;
+            let token = token.as_str();
             let bench = storm::rollout::RolloutBench {
                 nodes,
                 wave,
