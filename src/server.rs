@@ -116,6 +116,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     let blobs = registry.blobs.clone();
     let controller = crate::rollout::run::Controller {
         store: store.clone(),
+        nodes: nodes.controller.clone(),
         registry: registry.clone(),
         budget: cfg.budget.clone(),
         schedulers,

@@ -23,6 +23,7 @@ CREATE TABLE rollout_nodes (
     reason              TEXT NOT NULL,
     started_at_ms       BIGINT,            -- the current step's start (drain, reimage, rollback)
     finished_at_ms      BIGINT,
+    reimaged_at_ms      BIGINT,            -- when the rollout reimaged it (what a rollback returns)
     PRIMARY KEY (rollout_id, mac)
 );
 CREATE TABLE rollout_claims (

@@ -23,6 +23,7 @@ CREATE TABLE rollout_nodes (
     reason              TEXT NOT NULL,
     started_at_ms       INTEGER,            -- the current step's start (drain, reimage, rollback)
     finished_at_ms      INTEGER,
+    reimaged_at_ms      INTEGER,            -- when the rollout reimaged it (what a rollback returns)
     PRIMARY KEY (rollout_id, mac)
 );
 CREATE TABLE rollout_claims (

@@ -175,6 +175,28 @@ impl NodeController {
     }
 }
 
+impl NodeController {
+    /// A rollout step's reimage: the step's move, the node's assignment and its move to
+    /// reimaging under `rule`, in one transaction (`RolloutStore::reimage_step`).
+    pub async fn reimage_step(
+        &self,
+        rollout: i64,
+        step: &crate::store::StepMove<'_>,
+        assign: &str,
+        reason: &str,
+        rule: &ReimageRule<'_>,
+    ) -> Result<crate::store::StepReimage, StoreError> {
+        let outcome = self
+            .store
+            .reimage_step(rollout, step, assign, reason, rule)
+            .await?;
+        if outcome == crate::store::StepReimage::Moved {
+            tracing::info!(mac = %step.mac, rollout, assign, reason, "node state changed to reimaging");
+        }
+        Ok(outcome)
+    }
+}
+
 /// A machine's UUID as reported (by firmware or a BMC), lower case, unless it is empty or
 /// all zeros (QEMU without `-uuid`, firmware that has none): such a UUID names no machine.
 /// What `discover` is given has been through this (the boot script's query) or the

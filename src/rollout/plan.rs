@@ -90,10 +90,10 @@ pub enum Change {
         wave: u32,
         pause: bool,
     },
-    /// Past `max_failures`: stop, and roll these failed nodes back when the spec says so.
+    /// Past `max_failures`: stop, and roll the failed nodes back when the spec says so.
     Halt {
         reason: String,
-        rollback: Vec<Mac>,
+        rollback: bool,
     },
     Finish,
     /// Every node to roll back has been rolled back (or failed to be).
@@ -227,12 +227,13 @@ pub fn tick(
                 let verdict = judge(s.node.as_ref(), &rollout.digest, since, timeout_ms, now_ms);
                 match verdict {
                     Verdict::Wait => continue,
+                    // Rolling back: whatever it came to, it goes back (one write), a node
+                    // stuck in an older boot's failure too (never forward first).
+                    _ if rolling_back => actions.push(Action::QueueRollback(mac)),
                     Verdict::Again => {
                         actions.push(Action::Again(mac, StepStatus::Reimaging));
                         continue;
                     }
-                    // Rolling back: whatever it came to, it goes back (one write).
-                    _ if rolling_back => actions.push(Action::QueueRollback(mac)),
                     Verdict::Done => actions.push(Action::Done(mac)),
                     Verdict::Failed(why) => {
                         failed_now.push(mac);
@@ -241,7 +242,12 @@ pub fn tick(
                 }
                 settled_now.insert(mac);
             }
-            StepStatus::Draining if rolling_back => actions.push(Action::CancelDrain(mac)),
+            // Halted or rolling back: nothing new is reimaged onto the rollout's image; the
+            // drain is given back. Paused: the drain waits.
+            StepStatus::Draining if rolling_back || rollout.state == RolloutState::Halted => {
+                actions.push(Action::CancelDrain(mac))
+            }
+            StepStatus::Draining if rollout.state != RolloutState::Running => {}
             StepStatus::Draining if drained.contains(&mac) => {
                 actions.push(Action::Reimage(mac, "drained by its scheduler".into()))
             }
@@ -294,10 +300,7 @@ pub fn tick(
             failed.len(),
             spec.max_failures
         );
-        let rollback = match spec.on_failure {
-            OnFailure::Rollback => failed,
-            OnFailure::Halt => Vec::new(),
-        };
+        let rollback = spec.on_failure == OnFailure::Rollback;
         actions.push(Action::Rollout(Change::Halt { reason, rollback }));
         return actions;
     }
@@ -495,9 +498,13 @@ mod tests {
         assert!(
             matches!(&actions[1], Action::Fail(m, why) if *m == mac(2) && why.contains("within 60 s"))
         );
-        assert!(
-            matches!(&actions[2], Action::Rollout(Change::Halt { rollback, .. }) if rollback.is_empty())
-        );
+        assert!(matches!(
+            &actions[2],
+            Action::Rollout(Change::Halt {
+                rollback: false,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -519,9 +526,10 @@ mod tests {
         assert!(
             matches!(&actions[0], Action::Fail(m, why) if *m == mac(1) && why.starts_with("validation-failed"))
         );
-        assert!(
-            matches!(&actions[1], Action::Rollout(Change::Halt { rollback, .. }) if rollback == &[mac(1)])
-        );
+        assert!(matches!(
+            &actions[1],
+            Action::Rollout(Change::Halt { rollback: true, .. })
+        ));
         assert_eq!(actions.len(), 2, "nothing else starts: {actions:?}");
     }
 

@@ -44,6 +44,8 @@ impl Default for RolloutSettings {
 #[derive(Clone)]
 pub struct Controller {
     pub store: Store,
+    /// The one writer of node state: a step's reimage goes through it.
+    pub nodes: crate::node::controller::NodeController,
     pub registry: Registry,
     pub budget: DisruptionBudget,
     pub schedulers: Arc<Schedulers>,
@@ -89,6 +91,7 @@ pub async fn run(ctrl: Controller, mut leading: watch::Receiver<bool>, stop: Can
 
 /// One step's move, its times set as the new status wants.
 fn step_move<'a>(
+    version: i64,
     mac: &'a Mac,
     from: StepStatus,
     to: StepStatus,
@@ -106,6 +109,7 @@ fn step_move<'a>(
             | StepStatus::RollbackFailed
     );
     StepMove {
+        version,
         mac,
         from,
         to,
@@ -120,10 +124,16 @@ impl Controller {
     pub async fn tick_all(&self) -> Result<(), StoreError> {
         for id in self.store.active_rollouts().await? {
             // A rollout that opened a wave is looked at again at once: the wave's
-            // nodes start now, not at the next look.
+            // nodes start now, not at the next look. One rollout's trouble (a corrupt
+            // row, a store error) is logged and does not stop the others.
             for _ in 0..3 {
-                if !self.tick_one(id).await? {
-                    break;
+                match self.tick_one(id).await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(rollout = id, error = %e, "rollout controller: a look failed; trying again next tick");
+                        break;
+                    }
                 }
             }
         }
@@ -282,16 +292,15 @@ impl Controller {
         records: &std::collections::HashMap<Mac, NodeRecord>,
         action: Action,
     ) -> Result<(), StoreError> {
-        let id = row.id;
         match action {
             Action::Done(mac) => {
                 self.resume(row, &mac, records).await?;
                 let why = format!("ready on {}", row.digest);
-                self.mark(id, &mac, StepStatus::Reimaging, StepStatus::Done, &why)
+                self.mark(row, &mac, StepStatus::Reimaging, StepStatus::Done, &why)
                     .await?;
             }
             Action::Fail(mac, why) => {
-                self.mark(id, &mac, StepStatus::Reimaging, StepStatus::Failed, &why)
+                self.mark(row, &mac, StepStatus::Reimaging, StepStatus::Failed, &why)
                     .await?;
             }
             Action::Start(mac) => self.start(row, spec, &mac, records).await?,
@@ -323,19 +332,19 @@ impl Controller {
             }
             Action::Skip(mac, why) => {
                 self.resume(row, &mac, records).await?;
-                self.mark(id, &mac, StepStatus::Draining, StepStatus::Skipped, &why)
+                self.mark(row, &mac, StepStatus::Draining, StepStatus::Skipped, &why)
                     .await?;
             }
             Action::CancelDrain(mac) => {
                 self.resume(row, &mac, records).await?;
                 let why = "the rollout is rolling back: not reimaged";
-                self.mark(id, &mac, StepStatus::Draining, StepStatus::Skipped, why)
+                self.mark(row, &mac, StepStatus::Draining, StepStatus::Skipped, why)
                     .await?;
             }
             Action::QueueRollback(mac) => {
                 let why = "reimaged while the rollout began rolling back";
                 self.mark(
-                    id,
+                    row,
                     &mac,
                     StepStatus::Reimaging,
                     StepStatus::RollbackPending,
@@ -350,7 +359,7 @@ impl Controller {
                 let Some(previous) = step.row.previous_digest else {
                     let why = "no earlier boot to return to";
                     self.mark(
-                        id,
+                        row,
                         &mac,
                         StepStatus::RollbackPending,
                         StepStatus::RollbackFailed,
@@ -371,7 +380,7 @@ impl Controller {
                 self.resume(row, &mac, records).await?;
                 let why = "ready on its previous image";
                 self.mark(
-                    id,
+                    row,
                     &mac,
                     StepStatus::RollingBack,
                     StepStatus::RolledBack,
@@ -381,7 +390,7 @@ impl Controller {
             }
             Action::RollbackFailed(mac, why) => {
                 self.mark(
-                    id,
+                    row,
                     &mac,
                     StepStatus::RollingBack,
                     StepStatus::RollbackFailed,
@@ -397,24 +406,24 @@ impl Controller {
     /// Moves one step from `from` to `to` with its event; false when it was not at `from`.
     async fn mark(
         &self,
-        id: i64,
+        row: &RolloutRow,
         mac: &Mac,
         from: StepStatus,
         to: StepStatus,
         why: &str,
     ) -> Result<bool, StoreError> {
         let k = kind::rollout_node(to);
-        self.store
-            .move_step(id, &step_move(mac, from, to, why, &k))
-            .await
+        let m = step_move(row.version, mac, from, to, why, &k);
+        self.store.move_step(row.id, &m).await
     }
 
     /// What a node is assigned for `digest`: `reference` while it still means that
     /// digest (a tag keeps being followed), else the digest itself.
     async fn assignment(&self, reference: &str, digest: &Digest) -> String {
         let resolved = match ImageRef::parse(reference) {
+            // A prefix is never stored: a later image could make it ambiguous.
+            Ok(ImageRef::DigestPrefix(_)) | Err(_) => None,
             Ok(r) => self.registry.resolve(&r).await.ok(),
-            Err(_) => None,
         };
         if resolved.as_ref() == Some(digest) {
             reference.to_string()
@@ -430,23 +439,22 @@ impl Controller {
         mac: &Mac,
         records: &std::collections::HashMap<Mac, NodeRecord>,
     ) -> Result<(), StoreError> {
-        let id = row.id;
         let Some(node) = records.get(mac) else {
             let why = "the node was removed";
-            self.mark(id, mac, StepStatus::Pending, StepStatus::Failed, why)
+            self.mark(row, mac, StepStatus::Pending, StepStatus::Failed, why)
                 .await?;
             return Ok(());
         };
         match self.schedulers.of(node) {
             Err(e) => {
                 let why = e.to_string();
-                self.mark(id, mac, StepStatus::Pending, StepStatus::Failed, &why)
+                self.mark(row, mac, StepStatus::Pending, StepStatus::Failed, &why)
                     .await?;
             }
             Ok(Some(scheduler)) => {
                 let reason = drain_reason(row, spec);
                 let moved = self
-                    .mark(id, mac, StepStatus::Pending, StepStatus::Draining, &reason)
+                    .mark(row, mac, StepStatus::Pending, StepStatus::Draining, &reason)
                     .await?;
                 // Asked after the step is written: a restart in between asks again.
                 if moved && let Err(e) = scheduler.drain(&Target::from(node), &reason).await {
@@ -477,7 +485,7 @@ impl Controller {
         why: &str,
     ) -> Result<(), StoreError> {
         let k = kind::rollout_node(to);
-        let m = step_move(mac, from, to, why, &k);
+        let m = step_move(row.version, mac, from, to, why, &k);
         let reason = format!("rollout {}: {}", row.id, spec.reason.trim());
         let rule = |n: &NodeRecord, reimaging: &[NodeRecord]| decide(n, reimaging, &self.budget);
         let failed = |why: String| async move {
@@ -486,10 +494,10 @@ impl Controller {
             } else {
                 StepStatus::Failed
             };
-            self.mark(row.id, mac, from, to, &why).await
+            self.mark(row, mac, from, to, &why).await
         };
         let outcome = match self
-            .store
+            .nodes
             .reimage_step(row.id, &m, assign, &reason, &rule)
             .await?
         {
@@ -550,54 +558,55 @@ impl Controller {
     }
 
     async fn change(&self, row: &RolloutRow, change: Change) -> Result<(), StoreError> {
+        const NONE: &[StepStatus] = &[];
+        const FAILED: &[StepStatus] = &[StepStatus::Failed];
         let halted = kind::rollout_state(RolloutState::Halted);
         let (state, reason, wave, steps, event_kind) = match change {
             Change::NextWave { wave, pause: true } => (
                 RolloutState::Paused,
                 "paused after the canary wave: resume to go on".to_string(),
                 wave,
-                vec![],
+                NONE,
                 kind::rollout_state(RolloutState::Paused),
             ),
             Change::NextWave { wave, pause: false } => (
                 RolloutState::Running,
                 format!("wave {wave}"),
                 wave,
-                vec![],
+                NONE,
                 kind::ROLLOUT_WAVE.to_string(),
             ),
-            Change::Halt { reason, rollback } if rollback.is_empty() => {
-                (RolloutState::Halted, reason, row.wave, vec![], halted)
-            }
-            Change::Halt { reason, rollback } => {
-                let reason = format!("{reason}: rolling back {} node(s)", rollback.len());
-                let steps = rollback
-                    .into_iter()
-                    .map(|m| (m, StepStatus::RollbackPending))
-                    .collect();
-                (RolloutState::RollingBack, reason, row.wave, steps, halted)
+            Change::Halt {
+                reason,
+                rollback: false,
+            } => (RolloutState::Halted, reason, row.wave, NONE, halted),
+            Change::Halt {
+                reason,
+                rollback: true,
+            } => {
+                let reason = format!("{reason}: rolling back the failed nodes");
+                (RolloutState::RollingBack, reason, row.wave, FAILED, halted)
             }
             Change::Finish => (
                 RolloutState::Finished,
                 "every node is settled".to_string(),
                 row.wave,
-                vec![],
+                NONE,
                 kind::rollout_state(RolloutState::Finished),
             ),
             Change::RolledBack => (
                 RolloutState::RolledBack,
                 "every node rolled back is settled".to_string(),
                 row.wave,
-                vec![],
+                NONE,
                 kind::rollout_state(RolloutState::RolledBack),
             ),
         };
-        let steps: Vec<(Mac, StepStatus)> = steps;
         let m = RolloutMove {
             state,
             reason: &reason,
             wave,
-            steps: &steps,
+            queue_rollback: steps,
             event_kind: &event_kind,
             reclaim: false,
         };

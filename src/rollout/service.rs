@@ -239,17 +239,21 @@ impl RolloutService {
                 .rollout(id)
                 .await?
                 .ok_or(RolloutError::NotFound(id))?;
-            let (state, steps) = admin_move(&row, &nodes, action)?;
+            let (state, queue) = admin_move(&row, action)?;
             let kind = kind::rollout_state(state);
             let m = RolloutMove {
                 state,
                 reason,
                 wave: row.wave,
-                steps: &steps,
+                queue_rollback: queue,
                 event_kind: &kind,
                 reclaim: !row.state.holds_nodes(),
             };
             match self.store.move_rollout(id, row.version, &m).await? {
+                RolloutMoved::Moved if action == AdminAction::Abort => {
+                    self.hand_back(id, &nodes, reason).await?;
+                    return self.read(id).await;
+                }
                 RolloutMoved::Moved => return self.read(id).await,
                 RolloutMoved::Stale => continue,
                 RolloutMoved::Overlap { mac, rollout } => {
@@ -265,12 +269,52 @@ impl RolloutService {
     }
 }
 
+impl RolloutService {
+    /// An aborted rollout's nodes that its scheduler was asked to drain (draining, or
+    /// reimaging now) are handed back at once: no controller looks at an ended rollout.
+    /// A scheduler that refuses costs an event, not the abort.
+    async fn hand_back(
+        &self,
+        id: i64,
+        steps: &[RolloutNodeRow],
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let macs: Vec<_> = steps
+            .iter()
+            .filter(|s| matches!(s.status, StepStatus::Draining | StepStatus::Reimaging))
+            .map(|s| s.mac)
+            .collect();
+        for node in self.store.nodes_in(&macs).await? {
+            let Ok(Some(scheduler)) = self.schedulers.of(&node) else {
+                continue;
+            };
+            let target = super::drain::Target::from(&node);
+            let said = match scheduler
+                .resume(&target, &format!("rollout {id} aborted"))
+                .await
+            {
+                Ok(()) => "handed back to its scheduler: the rollout was aborted".to_string(),
+                Err(e) => format!("not handed back to its scheduler: {e}"),
+            };
+            let data = crate::api::rollout::RolloutEventData {
+                rollout: id,
+                wave: None,
+                reason: format!("{said} ({reason})"),
+            };
+            let data = serde_json::to_value(&data).expect("serialises");
+            self.store
+                .record_event(kind::ROLLOUT_NODE_RESUMED, Some(&node.mac), &data)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 /// The state an admin action leads to from here, and the nodes that move with it.
 fn admin_move(
     row: &RolloutRow,
-    nodes: &[RolloutNodeRow],
     action: AdminAction,
-) -> Result<(RolloutState, Vec<(crate::api::Mac, StepStatus)>), RolloutError> {
+) -> Result<(RolloutState, &'static [StepStatus]), RolloutError> {
     use RolloutState::*;
     let refuse = |what: &str| {
         Err(RolloutError::Conflict(format!(
@@ -279,24 +323,18 @@ fn admin_move(
         )))
     };
     match (action, row.state) {
-        (AdminAction::Pause, Running) => Ok((Paused, vec![])),
+        (AdminAction::Pause, Running) => Ok((Paused, &[])),
         (AdminAction::Pause, _) => refuse("only a running rollout pauses"),
-        (AdminAction::Resume, Paused) => Ok((Running, vec![])),
+        (AdminAction::Resume, Paused) => Ok((Running, &[])),
         (AdminAction::Resume, Halted) => refuse("a halted rollout is rolled back or aborted"),
         (AdminAction::Resume, _) => refuse("only a paused rollout resumes"),
-        (AdminAction::Abort, s) if s.holds_nodes() => Ok((Aborted, vec![])),
+        (AdminAction::Abort, s) if s.holds_nodes() => Ok((Aborted, &[])),
         (AdminAction::Abort, _) => refuse("it has ended"),
         (AdminAction::Rollback, RollingBack | RolledBack) => refuse("it is rolled back already"),
-        (AdminAction::Rollback, _) => {
-            // Every node the rollout reimaged goes back; those still reimaging follow
-            // when they settle, those draining are handed back (the controller).
-            let steps = nodes
-                .iter()
-                .filter(|n| matches!(n.status, StepStatus::Done | StepStatus::Failed))
-                .map(|n| (n.mac, StepStatus::RollbackPending))
-                .collect();
-            Ok((RollingBack, steps))
-        }
+        // Every node the rollout reimaged goes back (chosen by the store in the move's
+        // transaction); those still reimaging follow when they settle, those draining
+        // are handed back (the controller).
+        (AdminAction::Rollback, _) => Ok((RollingBack, &[StepStatus::Done, StepStatus::Failed])),
     }
 }
 
@@ -364,18 +402,35 @@ impl crate::node::reimage::DrainFirst for RolloutService {
             rollout: Some(rollout),
         };
         if let Some(id) = self.store.claimed_by(&node.mac).await? {
-            // A rollout moving the node reimages it; one stopped would only hide the
-            // request.
-            return match self.store.rollout(id).await?.map(|(r, _)| r.state) {
-                Some(RolloutState::Running | RolloutState::RollingBack) => Ok(answer(id)),
-                Some(state) => Err(ReimageError::Conflict(format!(
-                    "node {} is held by rollout {id}, which is {state}: resume, abort or roll it back first",
-                    node.mac
-                ))),
-                None => Err(ReimageError::Conflict(format!(
-                    "rollout {id} vanished; try again"
-                ))),
-            };
+            // A rollout that will still reimage the node carries the request; one that
+            // will not (stopped, or done with the node) would only hide it.
+            let held = self.store.rollout(id).await?;
+            let step = held
+                .as_ref()
+                .and_then(|(_, steps)| steps.iter().find(|s| s.mac == node.mac))
+                .map(|s| s.status);
+            let moving = held.as_ref().is_some_and(|(r, _)| {
+                matches!(r.state, RolloutState::Running | RolloutState::RollingBack)
+            });
+            let ahead = step.is_some_and(|s| {
+                matches!(
+                    s,
+                    StepStatus::Pending
+                        | StepStatus::Draining
+                        | StepStatus::Reimaging
+                        | StepStatus::RollbackPending
+                        | StepStatus::RollingBack
+                )
+            });
+            if moving && ahead && image.is_none() {
+                return Ok(answer(id));
+            }
+            let state = held.map_or("gone".to_string(), |(r, _)| r.state.to_string());
+            return Err(ReimageError::Conflict(format!(
+                "node {} is held by rollout {id} ({state}, its step {}): it will not take this reimage; let it end, or abort it",
+                node.mac,
+                step.map_or("unknown".to_string(), |s| s.to_string()),
+            )));
         }
         let image = image
             .map(str::to_string)

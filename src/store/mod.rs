@@ -683,7 +683,9 @@ pub struct RolloutMove<'a> {
     pub state: RolloutState,
     pub reason: &'a str,
     pub wave: u32,
-    pub steps: &'a [(Mac, StepStatus)],
+    /// Steps at these statuses that were reimaged by the rollout go to rollback-pending
+    /// with it (a rollback's nodes), chosen in the transaction.
+    pub queue_rollback: &'a [StepStatus],
     pub event_kind: &'a str,
     /// Claim the rollout's nodes again (rolling back a rollout that had ended).
     pub reclaim: bool,
@@ -702,9 +704,12 @@ pub enum RolloutMoved {
     },
 }
 
-/// One node's change of step (compare-and-set on its status), with its event. `None`
+/// One node's change of step (compare-and-set on its status, and on the rollout's
+/// version: an admin's change since the read makes it stale), with its event. `None`
 /// times are left as they are.
 pub struct StepMove<'a> {
+    /// The rollout's version as read.
+    pub version: i64,
     pub mac: &'a Mac,
     pub from: StepStatus,
     pub to: StepStatus,

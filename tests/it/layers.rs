@@ -273,6 +273,7 @@ fn only_the_controller_writes_node_state() {
         ".discover(",
         ".discover_within(",
         ".request_reimage(",
+        ".reimage_step(",
     ];
     let mut found = Vec::new();
     for file in files {

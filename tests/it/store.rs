@@ -985,8 +985,23 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
     let first = steps[0].mac;
     assert_eq!(b.latest_boot(&nodes[0]).await.unwrap().unwrap().0, old);
 
-    // A step moves once from where it was.
+    // A step moves once from where it was, and only under the rollout's version.
+    let stale = StepMove {
+        version: r.version + 1,
+        mac: &first,
+        from: StepStatus::Pending,
+        to: StepStatus::Draining,
+        reason: "test",
+        started_at_ms: Some(1),
+        finished_at_ms: None,
+        event_kind: "rollout.node-test",
+    };
+    assert!(
+        !a.move_step(won, &stale).await.unwrap(),
+        "moved under a stale version"
+    );
     let step = |from, to| StepMove {
+        version: r.version,
         mac: &first,
         from,
         to,
@@ -1056,7 +1071,7 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
         state: RolloutState::Aborted,
         reason: "test",
         wave: 0,
-        steps: &[],
+        queue_rollback: &[],
         event_kind: "rollout.aborted",
         reclaim: false,
     };
@@ -1069,17 +1084,20 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
         outs.contains(&RolloutMoved::Moved) && outs.contains(&RolloutMoved::Stale),
         "{outs:?}"
     );
-    let other = match a.create_rollout(&new_rollout(&rows[2..])).await.unwrap() {
+    let first_row: &'static [RolloutNodeRow] =
+        std::slice::from_ref(rows.iter().find(|r| r.mac == first).unwrap());
+    let other = match a.create_rollout(&new_rollout(first_row)).await.unwrap() {
         RolloutCreated::Created(id) => id,
         o => panic!("the node was not given back: {o:?}"),
     };
-    // Rolling the ended one back claims its nodes again: refused while another holds one.
+    // Rolling the ended one back claims the nodes it reimaged again: refused while
+    // another rollout holds one.
     let (r, _) = a.rollout(won).await.unwrap().unwrap();
     let back = RolloutMove {
         state: RolloutState::RollingBack,
         reason: "test",
         wave: 0,
-        steps: &[(first, StepStatus::RollbackPending)],
+        queue_rollback: &[StepStatus::Reimaging],
         event_kind: "rollout.rolling-back",
         reclaim: true,
     };
@@ -1087,7 +1105,7 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
     assert_eq!(
         refused,
         RolloutMoved::Overlap {
-            mac: rows[2].mac,
+            mac: first,
             rollout: other
         }
     );

@@ -35,8 +35,10 @@ fn rollout_step(at_ms: i64, kind: &str, data: &serde_json::Value) -> Option<Preb
     } else if kind == crate::api::event::kind::rollout_node(StepStatus::Reimaging) {
         match reason.split_once("; ") {
             Some((drain, _)) if drain.starts_with("drained") => ("scheduler drained", "ok".into()),
-            Some((drain, _)) => ("scheduler drained", drain.to_string()),
-            None => ("reimage", "ok".into()),
+            Some((drain, _)) if drain.starts_with("not drained") => {
+                ("scheduler drained", drain.to_string())
+            }
+            _ => ("reimage", "ok".into()),
         }
     } else {
         return None;

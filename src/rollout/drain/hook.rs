@@ -2,7 +2,9 @@
 //! in the environment (BOOTFLEET_NODE_MAC, BOOTFLEET_NODE_HOSTNAME, BOOTFLEET_NODE_LABELS
 //! as JSON, BOOTFLEET_REASON). `status` prints `drained`, `draining` or `not-draining`;
 //! any other answer, or a failed exit, is an error. Run without a shell: nothing of the
-//! node's (its labels are the admin's, its hostname the node's) reaches a command line.
+//! node's (its labels are the admin's, its hostname the node's) reaches a command line;
+//! and with none of the server's environment but PATH, LANG, HOME, TZ, KUBECONFIG and
+//! SLURM_CONF.
 
 use std::time::Duration;
 
@@ -36,6 +38,7 @@ impl Hook {
 
     async fn call(&self, action: &str, node: &Target, reason: &str) -> Result<String, DrainError> {
         let mut cmd = tokio::process::Command::new(&self.settings.command);
+        super::clean_env(&mut cmd);
         cmd.arg(action)
             .env("BOOTFLEET_NODE_MAC", node.mac.to_string())
             .env(

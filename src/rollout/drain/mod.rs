@@ -29,11 +29,26 @@ pub struct Target {
 }
 
 impl From<&NodeRecord> for Target {
+    /// The host name is the node's, else its `hostname` label (where operators keep it).
     fn from(n: &NodeRecord) -> Self {
         Self {
             mac: n.mac,
-            hostname: n.hostname.clone(),
+            hostname: n
+                .hostname
+                .clone()
+                .or_else(|| n.labels.get("hostname").cloned()),
             labels: n.labels.clone(),
+        }
+    }
+}
+
+/// What a scheduler's program may see of the server's environment: nothing else (the
+/// server's may hold a store URL with its password, or an admin token).
+pub(crate) fn clean_env(cmd: &mut tokio::process::Command) {
+    cmd.env_clear();
+    for key in ["PATH", "LANG", "HOME", "KUBECONFIG", "SLURM_CONF", "TZ"] {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
         }
     }
 }

@@ -61,6 +61,13 @@ pub fn parse_state(show: &str) -> Result<Drain, DrainError> {
     })
 }
 
+/// Whether the node's drain reason is ours (`Reason=bootfleet: ...`).
+pub fn drained_by_us(show: &str) -> bool {
+    show.split_once(" Reason=")
+        .or_else(|| show.strip_prefix("Reason=").map(|r| ("", r)))
+        .is_some_and(|(_, r)| r.starts_with("bootfleet:"))
+}
+
 impl Slurm {
     pub fn new(settings: SlurmSettings) -> Self {
         Self { settings }
@@ -71,7 +78,10 @@ impl Slurm {
             .get(&self.settings.node_label)
             .or(node.hostname.as_ref())
             .map(String::as_str)
-            .filter(|n| !n.is_empty() && !n.contains(char::is_whitespace))
+            // One node: a hostlist (`gpu[01-64]`, `a,b`) would drain many.
+            .filter(|n| {
+                !n.is_empty() && !n.contains(|c: char| c.is_whitespace() || c == '[' || c == ',')
+            })
             .ok_or_else(|| {
                 DrainError(format!(
                     "node {} has no Slurm name: label it {}=NAME or give it a hostname",
@@ -82,6 +92,7 @@ impl Slurm {
 
     async fn scontrol(&self, args: &[&str]) -> Result<String, DrainError> {
         let mut cmd = tokio::process::Command::new(&self.settings.scontrol);
+        super::clean_env(&mut cmd);
         cmd.args(args);
         if let Some(conf) = &self.settings.conf {
             cmd.env("SLURM_CONF", conf);
@@ -111,11 +122,14 @@ impl Scheduler for Slurm {
     }
 
     async fn resume(&self, node: &Target, _reason: &str) -> Result<(), DrainError> {
-        // RESUME on a node that is not drained is an error to scontrol: look first.
-        if self.state(node).await? == Drain::NotDraining {
+        // RESUME on a node that is not drained is an error to scontrol: look first. And
+        // only our own drain is undone: a node an operator drained (a hardware ticket)
+        // stays drained.
+        let name = self.name(node)?;
+        let show = self.scontrol(&["show", "node", name, "--oneliner"]).await?;
+        if parse_state(&show)? == Drain::NotDraining || !drained_by_us(&show) {
             return Ok(());
         }
-        let name = self.name(node)?;
         self.scontrol(&["update", &format!("NodeName={name}"), "State=RESUME"])
             .await
             .map(drop)
@@ -137,5 +151,12 @@ mod tests {
         assert_eq!(show("IDLE+DRAIN").unwrap(), Drain::Drained);
         assert_eq!(show("DOWN+DRAIN+NOT_RESPONDING").unwrap(), Drain::Drained);
         assert!(parse_state("slurm_load_node error").is_err());
+        assert!(drained_by_us(
+            "NodeName=n1 State=IDLE+DRAIN Reason=bootfleet: rollout 3 [root@2026-12-05T17:00:00]"
+        ));
+        assert!(!drained_by_us(
+            "NodeName=n1 State=IDLE+DRAIN Reason=bad DIMM, ticket 4711 [ops@2026-12-05T17:00:00]"
+        ));
+        assert!(!drained_by_us("NodeName=n1 State=IDLE"));
     }
 }

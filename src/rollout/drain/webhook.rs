@@ -39,7 +39,7 @@ pub struct Webhook {
 impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Webhook")
-            .field("url", &self.url.as_str())
+            .field("url", &shown(&self.url))
             .finish()
     }
 }
@@ -70,10 +70,8 @@ impl Webhook {
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
             .ok_or_else(|| {
-                DrainError(format!(
-                    "[drain.webhook] url {:?} is not http(s)://host/path",
-                    s.url
-                ))
+                // Not quoted: a URL may carry a login.
+                DrainError("[drain.webhook] url is not http(s)://host/path".into())
             })?;
         let secret = std::fs::read_to_string(&s.secret_file).map_err(|e| {
             DrainError(format!(
@@ -114,7 +112,7 @@ impl Webhook {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let signature = crate::events::webhook::sign(&self.secret, now, &body);
-        let what = format!("drain webhook {} {action}", self.url);
+        let what = format!("drain webhook {} {action}", shown(&self.url));
         let r = self
             .http
             .post(self.url.clone())
@@ -123,7 +121,17 @@ impl Webhook {
             .body(body)
             .send()
             .await
-            .map_err(|e| DrainError(format!("{what}: {e}")))?;
+            // reqwest's error text quotes the whole URL: only its kind is passed on.
+            .map_err(|e| {
+                let kind = if e.is_timeout() {
+                    "no answer in time"
+                } else if e.is_connect() {
+                    "cannot connect"
+                } else {
+                    "request failed"
+                };
+                DrainError(format!("{what}: {kind}"))
+            })?;
         let status = r.status();
         let text = r.text().await.unwrap_or_default();
         if !status.is_success() {
@@ -132,6 +140,18 @@ impl Webhook {
         }
         Ok(text)
     }
+}
+
+/// The URL as errors and logs show it: scheme, host, port and path, never a login or a
+/// query (either may carry a token).
+fn shown(url: &reqwest::Url) -> String {
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "{}://{}{port}{}",
+        url.scheme(),
+        url.host_str().unwrap_or(""),
+        url.path()
+    )
 }
 
 /// The answer to `status`.
@@ -208,7 +228,11 @@ mod tests {
                 .contains("empty")
         );
         std::fs::write(&secret, "k3y\n").unwrap();
-        let w = Webhook::load(&s("http://127.0.0.1:9/drain")).unwrap();
-        assert!(!format!("{w:?}").contains("k3y"));
+        let w = Webhook::load(&s("http://u:pw@127.0.0.1:9/drain?token=t0k")).unwrap();
+        let shown = format!("{w:?}");
+        assert!(
+            !shown.contains("k3y") && !shown.contains("pw") && !shown.contains("t0k"),
+            "{shown}"
+        );
     }
 }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::PgStore;
 use super::events::insert_event;
 use crate::api::event::kind;
-use crate::api::rollout::RolloutEventData;
+use crate::api::rollout::{RolloutEventData, StepStatus};
 use crate::api::{Digest, Mac};
 use crate::clock::now_ms;
 use crate::store::rows::{self, select_rollout_nodes, select_rollouts};
@@ -16,61 +16,77 @@ use crate::store::{
     RolloutRow, RolloutStore, StepMove, StepReimage, StoreError,
 };
 
-/// Moves one step if it is still at `m.from`, with its event; false when it was not.
-async fn step_in(
+/// Holds the rollout at `m.version` and the step at `m.from` for this transaction (on
+/// PostgreSQL the rollout's row shared, so an admin's change to the rollout waits for
+/// this write or this write sees it, and the step's row for update); the step's wave, or
+/// None when either has moved on (nothing to write).
+async fn hold_step(
     conn: &mut sqlx::PgConnection,
     id: i64,
     m: &StepMove<'_>,
-    wave: Option<u32>,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query(
+) -> Result<Option<u32>, StoreError> {
+    let current: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM rollouts WHERE id = $1 AND version = $2 FOR SHARE")
+            .bind(id)
+            .bind(m.version)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if current.is_none() {
+        return Ok(None);
+    }
+    let wave: Option<(i64,)> = sqlx::query_as(
+        "SELECT wave FROM rollout_nodes WHERE rollout_id = $1 AND mac = $2 AND status = $3 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(m.mac.to_string())
+    .bind(m.from.as_str())
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(wave.map(|(w,)| u32::try_from(w).unwrap_or(u32::MAX)))
+}
+
+/// Writes a held step's move and its event.
+async fn write_step(
+    conn: &mut sqlx::PgConnection,
+    id: i64,
+    m: &StepMove<'_>,
+    wave: u32,
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    // A forward reimage marks the node as one a rollback may have to return.
+    let reimaged = (m.to == StepStatus::Reimaging).then_some(now);
+    sqlx::query(
         "UPDATE rollout_nodes SET status = $1, reason = $2,
-                started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms)
-         WHERE rollout_id = $5 AND mac = $6 AND status = $7",
+                started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms),
+                reimaged_at_ms = COALESCE($5, reimaged_at_ms)
+         WHERE rollout_id = $6 AND mac = $7",
     )
     .bind(m.to.as_str())
     .bind(m.reason)
     .bind(m.started_at_ms)
     .bind(m.finished_at_ms)
+    .bind(reimaged)
     .bind(id)
     .bind(m.mac.to_string())
-    .bind(m.from.as_str())
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Ok(false);
-    }
     let data = RolloutEventData {
         rollout: id,
-        wave,
+        wave: Some(wave),
         reason: m.reason.to_string(),
     };
-    insert_event(conn, m.event_kind, Some(m.mac), &data, now_ms()).await?;
-    Ok(true)
+    insert_event(conn, m.event_kind, Some(m.mac), &data, now).await
 }
 
-async fn wave_of(
-    conn: &mut sqlx::PgConnection,
-    id: i64,
-    mac: &Mac,
-) -> Result<Option<u32>, StoreError> {
-    let wave: Option<(i64,)> =
-        sqlx::query_as("SELECT wave FROM rollout_nodes WHERE rollout_id = $1 AND mac = $2")
-            .bind(id)
-            .bind(mac.to_string())
-            .fetch_optional(&mut *conn)
-            .await?;
-    Ok(wave.and_then(|(w,)| u32::try_from(w).ok()))
-}
-
-/// Claims every node of rollout `id` for it; the first node another rollout holds, if
+/// Claims the nodes rollout `id` reimaged (what a rollback returns) for it; the first node another rollout holds, if
 /// any (the caller then drops the transaction).
 async fn claim_all(
     conn: &mut sqlx::PgConnection,
     id: i64,
 ) -> Result<Option<(Mac, i64)>, StoreError> {
     sqlx::query(
-        "INSERT INTO rollout_claims (mac, rollout_id) SELECT mac, rollout_id FROM rollout_nodes WHERE rollout_id = $1
+        "INSERT INTO rollout_claims (mac, rollout_id) SELECT mac, rollout_id FROM rollout_nodes
+         WHERE rollout_id = $1 AND reimaged_at_ms IS NOT NULL
          ON CONFLICT (mac) DO NOTHING",
     )
     .bind(id)
@@ -78,7 +94,7 @@ async fn claim_all(
     .await?;
     let other: Option<(String, i64)> = sqlx::query_as(
         "SELECT c.mac, c.rollout_id FROM rollout_claims c JOIN rollout_nodes n ON n.mac = c.mac
-         WHERE n.rollout_id = $1 AND c.rollout_id <> $2 LIMIT 1",
+         WHERE n.rollout_id = $1 AND n.reimaged_at_ms IS NOT NULL AND c.rollout_id <> $2 LIMIT 1",
     )
     .bind(id)
     .bind(id)
@@ -105,7 +121,11 @@ impl RolloutStore for PgStore {
         .bind(now)
         .fetch_one(&mut *tx)
         .await?;
-        for n in new.nodes {
+        // Claimed in MAC order: two overlapping starts lock claims in one order (on
+        // PostgreSQL the second waits for the first, then loses, never a deadlock).
+        let mut by_mac: Vec<&RolloutNodeRow> = new.nodes.iter().collect();
+        by_mac.sort_by_key(|n| n.mac);
+        for n in by_mac {
             let claimed = sqlx::query(
                 "INSERT INTO rollout_claims (mac, rollout_id) VALUES ($1, $2) ON CONFLICT (mac) DO NOTHING",
             )
@@ -220,14 +240,17 @@ impl RolloutStore for PgStore {
             // Dropped uncommitted: nothing of the move is kept.
             return Ok(RolloutMoved::Overlap { mac, rollout });
         }
-        for (mac, status) in m.steps {
+        if !m.queue_rollback.is_empty() {
+            // Chosen here, under the rollout's row lock: a step the controller settled
+            // a moment ago is seen.
+            let statuses: Vec<&str> = m.queue_rollback.iter().map(|s| s.as_str()).collect();
             sqlx::query(
-                "UPDATE rollout_nodes SET status = $1, reason = $2, finished_at_ms = NULL WHERE rollout_id = $3 AND mac = $4",
+                "UPDATE rollout_nodes SET status = 'rollback-pending', reason = $1, finished_at_ms = NULL
+                 WHERE rollout_id = $2 AND reimaged_at_ms IS NOT NULL AND status = ANY($3)",
             )
-            .bind(status.as_str())
             .bind(m.reason)
             .bind(id)
-            .bind(mac.to_string())
+            .bind(statuses)
             .execute(&mut *tx)
             .await?;
         }
@@ -250,10 +273,10 @@ impl RolloutStore for PgStore {
 
     async fn move_step(&self, id: i64, m: &StepMove<'_>) -> Result<bool, StoreError> {
         let mut tx = self.tx().await?;
-        let wave = wave_of(&mut tx, id, m.mac).await?;
-        if !step_in(&mut tx, id, m, wave).await? {
+        let Some(wave) = hold_step(&mut tx, id, m).await? else {
             return Ok(false);
-        }
+        };
+        write_step(&mut tx, id, m, wave).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(true)
@@ -268,16 +291,18 @@ impl RolloutStore for PgStore {
         rule: &ReimageRule<'_>,
     ) -> Result<StepReimage, StoreError> {
         let mut tx = self.tx().await?;
-        let wave = wave_of(&mut tx, id, m.mac).await?;
-        if !step_in(&mut tx, id, m, wave).await? {
+        // Rollout, step, then the budget's lock and the node (`reimage_in`), then the
+        // events: the order every writer takes them in.
+        let Some(wave) = hold_step(&mut tx, id, m).await? else {
             return Ok(StepReimage::StaleStep);
-        }
+        };
         if let Some(refused) =
             super::nodes::reimage_in(&mut tx, m.mac, reason, rule, Some(assign)).await?
         {
-            // Dropped uncommitted: the step's move rolls back with it.
+            // Dropped uncommitted: nothing is written.
             return Ok(StepReimage::Refused(Box::new(refused)));
         }
+        write_step(&mut tx, id, m, wave).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(StepReimage::Moved)
