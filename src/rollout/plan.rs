@@ -122,7 +122,11 @@ pub enum Action {
     QueueRollback(Mac),
     /// Draining when the rollout began rolling back: give it back to its scheduler.
     CancelDrain(Mac),
+    /// Queued for rollback: start (drain first when it has a scheduler, else reimage).
     StartRollback(Mac),
+    /// Draining for its rollback and drained (or forced at the drain timeout): reimage
+    /// it back now, saying which.
+    RollbackReimage(Mac, String),
     RolledBack(Mac),
     RollbackFailed(Mac, String),
     Rollout(Change),
@@ -262,6 +266,23 @@ pub fn tick(
                 }
                 DrainTimeout::Wait => {}
             },
+            StepStatus::RollbackDraining if drained.contains(&mac) => actions.push(
+                Action::RollbackReimage(mac, "drained by its scheduler".into()),
+            ),
+            StepStatus::RollbackDraining if now_ms - since > drain.timeout_ms => {
+                let secs = drain.timeout_ms / 1000;
+                match drain.on_timeout {
+                    DrainTimeout::Skip => actions.push(Action::RollbackFailed(
+                        mac,
+                        format!("not drained within {secs} s: not rolled back"),
+                    )),
+                    DrainTimeout::Force => actions.push(Action::RollbackReimage(
+                        mac,
+                        format!("not drained within {secs} s: forced"),
+                    )),
+                    DrainTimeout::Wait => {}
+                }
+            }
             StepStatus::RollingBack => {
                 let Some(previous) = &s.row.previous_digest else {
                     actions.push(Action::RollbackFailed(
@@ -636,6 +657,38 @@ mod tests {
             matches!(&at(20_000, DrainTimeout::Force)[1], Action::Reimage(m, why) if *m == mac(2) && why.ends_with("forced"))
         );
         assert_eq!(at(20_000, DrainTimeout::Wait).len(), 1);
+    }
+
+    #[test]
+    fn a_rollback_drains_first_where_there_is_a_scheduler() {
+        let r = rollout(RolloutState::RollingBack, 0);
+        let steps = [
+            step(
+                1,
+                0,
+                StepStatus::RollbackDraining,
+                Some((NodeState::Ready, 'b')),
+            ),
+            step(
+                2,
+                0,
+                StepStatus::RollbackDraining,
+                Some((NodeState::Ready, 'b')),
+            ),
+        ];
+        let drained = HashSet::from([mac(1)]);
+        let actions = tick(&r, &spec(), &steps, &drained, DRAIN, 2_000);
+        assert_eq!(
+            actions,
+            [Action::RollbackReimage(
+                mac(1),
+                "drained by its scheduler".into()
+            )]
+        );
+        let late = tick(&r, &spec(), &steps, &drained, DRAIN, 20_000);
+        assert!(
+            matches!(&late[1], Action::RollbackFailed(m, why) if *m == mac(2) && why.contains("not rolled back"))
+        );
     }
 
     #[test]

@@ -255,10 +255,12 @@ impl Controller {
         records: &std::collections::HashMap<Mac, NodeRecord>,
     ) -> HashSet<Mac> {
         let mut drained = HashSet::new();
-        for s in steps
-            .iter()
-            .filter(|s| s.row.status == StepStatus::Draining)
-        {
+        for s in steps.iter().filter(|s| {
+            matches!(
+                s.row.status,
+                StepStatus::Draining | StepStatus::RollbackDraining
+            )
+        }) {
             let Some(node) = records.get(&s.row.mac) else {
                 continue;
             };
@@ -353,28 +355,18 @@ impl Controller {
                 .await?;
             }
             Action::StartRollback(mac) => {
+                self.start_rollback(row, spec, steps, &mac, records).await?
+            }
+            Action::RollbackReimage(mac, drain) => {
                 let Some(step) = steps.iter().find(|s| s.row.mac == mac) else {
                     return Ok(());
                 };
-                let Some(previous) = step.row.previous_digest else {
-                    let why = "no earlier boot to return to";
-                    self.mark(
-                        row,
-                        &mac,
-                        StepStatus::RollbackPending,
-                        StepStatus::RollbackFailed,
-                        why,
-                    )
-                    .await?;
+                let Some(assign) = self.rollback_assignment(&step.row).await else {
                     return Ok(());
                 };
-                let assign = match &step.row.previous_assigned {
-                    Some(r) => self.assignment(r, &previous).await,
-                    None => previous.to_string(),
-                };
-                let steps = (StepStatus::RollbackPending, StepStatus::RollingBack);
-                let why = format!("rolling back onto {assign}");
-                self.reimage(row, spec, &mac, steps, &assign, &why).await?;
+                let why = format!("{drain}; rolling back onto {assign}");
+                let moves = (StepStatus::RollbackDraining, StepStatus::RollingBack);
+                self.reimage(row, spec, &mac, moves, &assign, &why).await?;
             }
             Action::RolledBack(mac) => {
                 self.resume(row, &mac, records).await?;
@@ -389,14 +381,12 @@ impl Controller {
                 .await?;
             }
             Action::RollbackFailed(mac, why) => {
-                self.mark(
-                    row,
-                    &mac,
-                    StepStatus::RollingBack,
-                    StepStatus::RollbackFailed,
-                    &why,
-                )
-                .await?;
+                let from = steps
+                    .iter()
+                    .find(|s| s.row.mac == mac)
+                    .map_or(StepStatus::RollingBack, |s| s.row.status);
+                self.mark(row, &mac, from, StepStatus::RollbackFailed, &why)
+                    .await?;
             }
             Action::Rollout(change) => self.change(row, change).await?,
         }
@@ -415,6 +405,62 @@ impl Controller {
         let k = kind::rollout_node(to);
         let m = step_move(row.version, mac, from, to, why, &k);
         self.store.move_step(row.id, &m).await
+    }
+
+    /// What a node rolled back is assigned: its previous REF while that still means its
+    /// previous digest, else that digest. None: it never booted before the rollout.
+    async fn rollback_assignment(&self, step: &RolloutNodeRow) -> Option<String> {
+        let previous = step.previous_digest?;
+        Some(match &step.previous_assigned {
+            Some(r) => self.assignment(r, &previous).await,
+            None => previous.to_string(),
+        })
+    }
+
+    /// A node queued for rollback: drained first when it has a scheduler (it may have
+    /// taken work since it was handed back), else reimaged back at once.
+    async fn start_rollback(
+        &self,
+        row: &RolloutRow,
+        spec: &RolloutRequest,
+        steps: &[StepNow],
+        mac: &Mac,
+        records: &std::collections::HashMap<Mac, NodeRecord>,
+    ) -> Result<(), StoreError> {
+        let (pending, failed) = (StepStatus::RollbackPending, StepStatus::RollbackFailed);
+        let Some(step) = steps.iter().find(|s| s.row.mac == *mac) else {
+            return Ok(());
+        };
+        let Some(assign) = self.rollback_assignment(&step.row).await else {
+            let why = "no earlier boot to return to";
+            self.mark(row, mac, pending, failed, why).await?;
+            return Ok(());
+        };
+        let Some(node) = records.get(mac) else {
+            self.mark(row, mac, pending, failed, "the node was removed")
+                .await?;
+            return Ok(());
+        };
+        match self.schedulers.of(node) {
+            Err(e) => {
+                self.mark(row, mac, pending, failed, &e.to_string()).await?;
+            }
+            Ok(Some(scheduler)) => {
+                let reason = format!("rollout {} rolling back: {}", row.id, spec.reason.trim());
+                let to = StepStatus::RollbackDraining;
+                if self.mark(row, mac, pending, to, &reason).await?
+                    && let Err(e) = scheduler.drain(&Target::from(node), &reason).await
+                {
+                    tracing::warn!(%mac, error = %e, "cannot ask for the drain; asking again next tick");
+                }
+            }
+            Ok(None) => {
+                let why = format!("rolling back onto {assign}");
+                let moves = (pending, StepStatus::RollingBack);
+                self.reimage(row, spec, mac, moves, &assign, &why).await?;
+            }
+        }
+        Ok(())
     }
 
     /// What a node is assigned for `digest`: `reference` while it still means that

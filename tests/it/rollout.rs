@@ -934,7 +934,41 @@ async fn a_hook_drains_and_resumes_nodes_and_a_slow_drain_is_skipped() {
             dir.join(format!("{}.resumed", mac_of(i))).exists(),
             "node {i} not handed back"
         );
+        std::fs::remove_file(dir.join(format!("{}.resumed", mac_of(i)))).unwrap();
     }
+    // Rolled back: the two it reimaged are drained again first (their scheduler may have
+    // given them work since), then go back; the skipped and the failed are not touched.
+    let (s, back) = fleet
+        .admin(
+            reqwest::Method::POST,
+            &format!("/api/v1/rollouts/{id}/rollback"),
+            Some(json!({ "reason": "driver regressed" })),
+        )
+        .await;
+    assert_eq!(s, 200, "{back}");
+    let end = wait_rollout(&fleet, id, 60, |r| r["state"] == "rolled-back").await;
+    assert_eq!(
+        [
+            status_of(&end, 0),
+            status_of(&end, 1),
+            status_of(&end, 2),
+            status_of(&end, 3)
+        ],
+        ["rolled-back", "rolled-back", "skipped", "failed"],
+        "{end:#}"
+    );
+    for i in 0..2 {
+        let told = std::fs::read_to_string(dir.join(format!("{}.draining", mac_of(i)))).unwrap();
+        assert!(
+            told.contains("rolling back"),
+            "node {i} not drained before its rollback: {told}"
+        );
+        assert!(
+            dir.join(format!("{}.resumed", mac_of(i))).exists(),
+            "node {i} not handed back"
+        );
+    }
+    assert!(!dir.join(format!("{}.resumed", mac_of(2))).exists());
     fleet.stop().await;
     server.stop().await;
 }

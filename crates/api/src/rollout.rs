@@ -74,6 +74,8 @@ named! {
         Skipped = "skipped",
         /// To be reimaged back onto its previous digest.
         RollbackPending = "rollback-pending",
+        /// Asked of its scheduler to drain before it is reimaged back.
+        RollbackDraining = "rollback-draining",
         /// Reimaging back onto its previous digest.
         RollingBack = "rolling-back",
         /// Ready on its previous digest again.
@@ -86,7 +88,10 @@ named! {
 impl StepStatus {
     /// Out of service for the rollout's sake now: counts against `max_unavailable`.
     pub fn in_flight(self) -> bool {
-        matches!(self, Self::Draining | Self::Reimaging | Self::RollingBack)
+        matches!(
+            self,
+            Self::Draining | Self::Reimaging | Self::RollbackDraining | Self::RollingBack
+        )
     }
     /// Nothing more will happen to it in the forward direction.
     pub fn settled(self) -> bool {

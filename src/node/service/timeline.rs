@@ -30,9 +30,10 @@ fn rollout_step(at_ms: i64, kind: &str, data: &serde_json::Value) -> Option<Preb
     use crate::api::rollout::StepStatus;
     let rollout = data.get("rollout").and_then(|r| r.as_i64()).unwrap_or(0);
     let reason = data.get("reason").and_then(|r| r.as_str()).unwrap_or("");
-    let (step, outcome) = if kind == crate::api::event::kind::rollout_node(StepStatus::Draining) {
+    let is = |s: StepStatus| kind == crate::api::event::kind::rollout_node(s);
+    let (step, outcome) = if is(StepStatus::Draining) || is(StepStatus::RollbackDraining) {
         ("scheduler drain asked", "ok".to_string())
-    } else if kind == crate::api::event::kind::rollout_node(StepStatus::Reimaging) {
+    } else if is(StepStatus::Reimaging) || is(StepStatus::RollingBack) {
         match reason.split_once("; ") {
             Some((drain, _)) if drain.starts_with("drained") => ("scheduler drained", "ok".into()),
             Some((drain, _)) if drain.starts_with("not drained") => {
