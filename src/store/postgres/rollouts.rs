@@ -190,8 +190,12 @@ impl RolloutStore for PgStore {
         &self,
         id: i64,
     ) -> Result<Option<(RolloutRow, Vec<RolloutNodeRow>)>, StoreError> {
-        // One read transaction: the rollout and its nodes as of one moment.
+        // One snapshot: the rollout and its nodes as of one moment (READ COMMITTED would
+        // give each statement its own).
         let mut conn = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *conn)
+            .await?;
         let row: Option<rows::RolloutRowRaw> = sqlx::query_as(select_rollouts!("WHERE id = $1"))
             .bind(id)
             .fetch_optional(&mut *conn)
