@@ -1158,3 +1158,59 @@ async fn a_signed_webhook_drains_and_resumes_a_node() {
     fleet.stop().await;
     server.stop().await;
 }
+
+/// The same controller on PostgreSQL: waves, the budget and every node ready on the new
+/// digest, from the event log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rollout_runs_on_postgresql_too() {
+    let url = crate::pg::database().await;
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.store.url = Some(url);
+    })
+    .await;
+    publish(&server, "1", "stable").await;
+    let v2 = publish(&server, "2", "next").await;
+    let mut fleet = Fleet::new(&server.url(""), &server.token);
+    let mut racks = HashMap::new();
+    for i in 0..8 {
+        let rack = format!("r{}", i % 2);
+        racks.insert(mac_of(i).replace('-', ":"), rack.clone());
+        fleet
+            .add(i, "gpu:stable", &[("rack", rack), ("pg", "y".into())])
+            .await;
+    }
+    wait_ready(&fleet, 8).await;
+    let head = all_events(&fleet).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let body = json!({ "image": "gpu:next", "selector": "pg=y", "canary": 1, "wave": "3",
+                       "max_unavailable": 2, "timeout_secs": 60, "reason": "on postgres" });
+    let (s, started) = fleet
+        .admin(reqwest::Method::POST, "/api/v1/rollouts", Some(body))
+        .await;
+    assert_eq!(s, 201, "{started}");
+    let id = started["id"].as_i64().unwrap();
+    let end = wait_rollout(&fleet, id, 120, |r| r["state"] != "running").await;
+    assert_eq!(end["state"], "finished", "{end:#}");
+    let events = all_events(&fleet).await;
+    let r = replay(&events, head, &racks);
+    assert!(r.max_unready <= 2, "{} out of ready at once", r.max_unready);
+    assert!(
+        r.reimaged_at.values().all(|v| v.len() == 1) && r.reimaged_at.len() == 8,
+        "{:?}",
+        r.reimaged_at
+    );
+    for i in 0..8 {
+        let (_, node) = fleet
+            .admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/nodes/{}", mac_of(i)),
+                None,
+            )
+            .await;
+        assert_eq!(node["boots"][0]["image"], v2["digest"]);
+    }
+    fleet.stop().await;
+    server.stop().await;
+}
