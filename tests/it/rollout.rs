@@ -204,6 +204,25 @@ impl Agent {
     }
 }
 
+impl Fleet {
+    /// Starts a rollout (201 or the test fails); its answer.
+    pub async fn start_rollout(&self, body: Value) -> Value {
+        let (s, started) = self
+            .admin(reqwest::Method::POST, "/api/v1/rollouts", Some(body))
+            .await;
+        assert_eq!(s, 201, "{started}");
+        started
+    }
+
+    /// The newest event's seq.
+    pub async fn head(&self) -> i64 {
+        all_events(self)
+            .await
+            .last()
+            .map_or(0, |e| e["seq"].as_i64().unwrap())
+    }
+}
+
 /// Every event so far, oldest first.
 pub async fn all_events(fleet: &Fleet) -> Vec<Value> {
     let mut out = Vec::new();
@@ -356,21 +375,14 @@ async fn thirty_nodes_move_in_waves_within_the_budget_and_every_one_ends_ready_o
             .await;
     }
     wait_ready(&fleet, 30).await;
-    let head = all_events(&fleet).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
+    let head = fleet.head().await;
 
-    let (s, started) = fleet
-        .admin(
-            reqwest::Method::POST,
-            "/api/v1/rollouts",
-            Some(
-                json!({ "image": "gpu:next", "selector": "sku=hgx-h100", "canary": 2, "wave": "10%",
+    let started = fleet
+        .start_rollout(
+            json!({ "image": "gpu:next", "selector": "sku=hgx-h100", "canary": 2, "wave": "10%",
                          "max_unavailable": 3, "timeout_secs": 60, "reason": "driver 550.127" }),
-            ),
         )
         .await;
-    assert_eq!(s, 201, "{started}");
     let id = started["id"].as_i64().unwrap();
     assert_eq!(started["digest"], v2["digest"]);
     assert_eq!(
@@ -495,21 +507,14 @@ async fn a_bad_image_halts_after_the_canaries_and_rolls_them_back_touching_no_ot
             .await;
     }
     wait_ready(&fleet, 10).await;
-    let head = all_events(&fleet).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
-    let (s, started) = fleet
-        .admin(
-            reqwest::Method::POST,
-            "/api/v1/rollouts",
-            Some(
-                json!({ "image": "gpu:next", "selector": "pool=a", "canary": 2, "wave": "4",
+    let head = fleet.head().await;
+    let started = fleet
+        .start_rollout(
+            json!({ "image": "gpu:next", "selector": "pool=a", "canary": 2, "wave": "4",
                          "max_unavailable": 2, "timeout_secs": 60, "on_failure": "rollback",
                          "reason": "driver 560 beta" }),
-            ),
         )
         .await;
-    assert_eq!(s, 201, "{started}");
     let id = started["id"].as_i64().unwrap();
     let end = wait_rollout(&fleet, id, 120, |r| r["state"] == "rolled-back").await;
     let canaries: Vec<&Value> = end["nodes"]
@@ -761,20 +766,13 @@ async fn a_server_killed_mid_rollout_finishes_it_after_restart_reimaging_no_node
             .await;
     }
     wait_ready(&fleet, 12).await;
-    let head = all_events(&fleet).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
-    let (s, started) = fleet
-        .admin(
-            reqwest::Method::POST,
-            "/api/v1/rollouts",
-            Some(
-                json!({ "image": "gpu:next", "selector": "pool=k", "canary": 1, "wave": "2",
+    let head = fleet.head().await;
+    let started = fleet
+        .start_rollout(
+            json!({ "image": "gpu:next", "selector": "pool=k", "canary": 1, "wave": "2",
                          "max_unavailable": 2, "timeout_secs": 120, "reason": "kernel fix" }),
-            ),
         )
         .await;
-    assert_eq!(s, 201, "{started}");
     let id = started["id"].as_i64().unwrap();
     let done = |r: &Value| {
         r["nodes"]
@@ -873,15 +871,12 @@ async fn a_hook_drains_and_resumes_nodes_and_a_slow_drain_is_skipped() {
         )
         .await;
     wait_ready(&fleet, 4).await;
-    let (s, started) = fleet
-        .admin(
-            reqwest::Method::POST,
-            "/api/v1/rollouts",
-            Some(json!({ "image": "gpu:next", "selector": "pool=h", "wave": "4", "max_unavailable": 4,
-                         "max_failures": 1, "timeout_secs": 60, "reason": "hooked" })),
+    let started = fleet
+        .start_rollout(
+            json!({ "image": "gpu:next", "selector": "pool=h", "wave": "4", "max_unavailable": 4,
+                         "max_failures": 1, "timeout_secs": 60, "reason": "hooked" }),
         )
         .await;
-    assert_eq!(s, 201, "{started}");
     let id = started["id"].as_i64().unwrap();
     let status_of = |r: &Value, i: usize| {
         let mac = mac_of(i).replace('-', ":");
@@ -1181,9 +1176,7 @@ async fn a_rollout_runs_on_postgresql_too() {
             .await;
     }
     wait_ready(&fleet, 8).await;
-    let head = all_events(&fleet).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
+    let head = fleet.head().await;
     let body = json!({ "image": "gpu:next", "selector": "pg=y", "canary": 1, "wave": "3",
                        "max_unavailable": 2, "timeout_secs": 60, "reason": "on postgres" });
     let (s, started) = fleet
