@@ -810,6 +810,55 @@ async fn a_server_killed_mid_rollout_finishes_it_after_restart_reimaging_no_node
         reimaged.values().all(|n| *n == 1),
         "a node was reimaged twice: {reimaged:?}"
     );
+    // The CLI, as an operator uses it, against the restarted server.
+    use crate::process::{cli, cli_json};
+    let shown = cli_json(&server, &data, &["rollout", "show", &id.to_string()]);
+    assert_eq!(
+        (
+            shown["state"].as_str(),
+            shown["nodes"].as_array().unwrap().len()
+        ),
+        (Some("finished"), 12)
+    );
+    let (ok, text, err) = cli(&server, &data, &["rollout", "list"]);
+    assert!(
+        ok && text.contains("finished") && text.contains("pool=k"),
+        "{text}{err}"
+    );
+    let (ok, text, err) = cli(&server, &data, &["rollout", "show", &id.to_string()]);
+    assert!(
+        ok && text.contains("(canary)") && text.contains("done"),
+        "{text}{err}"
+    );
+    let back = cli_json(
+        &server,
+        &data,
+        &[
+            "rollout",
+            "start",
+            "gpu:stable",
+            "--node",
+            &mac_of(0).replace('-', ":"),
+            "--reason",
+            "back to 1",
+        ],
+    );
+    assert_eq!(back["nodes"].as_array().unwrap().len(), 1);
+    let (ok, _, err) = cli(
+        &server,
+        &data,
+        &["rollout", "pause", &back["id"].to_string()],
+    );
+    assert!(
+        !ok && err.contains("reason"),
+        "an action without --reason: {err}"
+    );
+    let (ok, _, err) = cli(
+        &server,
+        &data,
+        &["rollout", "start", "gpu:stable", "--reason", "x"],
+    );
+    assert!(!ok && err.contains("--selector"), "{err}");
     fleet.stop().await;
     drop(server);
 }
