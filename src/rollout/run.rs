@@ -63,7 +63,7 @@ pub type NodeKey = (i64, Option<i64>, StepStatus);
 const MIN_GAP: Duration = Duration::from_millis(100);
 
 /// Looks at active rollouts while this server holds the role, until `stop`: every
-/// `tick`, and sooner when events are committed (a node that got ready starts the next
+/// `tick`, and (while any is active) sooner when events are committed (a node that got ready starts the next
 /// node at once, not a tick later: waves follow each other without idle gaps).
 pub async fn run(ctrl: Controller, mut leading: watch::Receiver<bool>, stop: CancellationToken) {
     let mut events = ctrl.store.subscribe_events();
@@ -73,8 +73,21 @@ pub async fn run(ctrl: Controller, mut leading: watch::Receiver<bool>, stop: Can
         }
         while *leading.borrow() {
             events.mark_unchanged();
-            if let Err(e) = ctrl.tick_all().await {
-                tracing::warn!(error = %e, "rollout controller: a look failed; trying again next tick");
+            let active = match ctrl.tick_all().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rollout controller: a look failed; trying again next tick");
+                    0
+                }
+            };
+            // With nothing to move, events (a boot storm writes thousands) do not wake
+            // it: a new rollout waits for the tick.
+            if active == 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(ctrl.tick) => {}
+                    () = stop.cancelled() => return,
+                }
+                continue;
             }
             tokio::select! {
                 () = tokio::time::sleep(ctrl.tick) => {}
@@ -121,8 +134,10 @@ fn step_move<'a>(
 }
 
 impl Controller {
-    pub async fn tick_all(&self) -> Result<(), StoreError> {
-        for id in self.store.active_rollouts().await? {
+    /// One look at every active rollout; how many there were.
+    pub async fn tick_all(&self) -> Result<usize, StoreError> {
+        let active = self.store.active_rollouts().await?;
+        for &id in &active {
             // A rollout that opened a wave is looked at again at once: the wave's
             // nodes start now, not at the next look. One rollout's trouble (a corrupt
             // row, a store error) is logged and does not stop the others.
@@ -137,7 +152,7 @@ impl Controller {
                 }
             }
         }
-        Ok(())
+        Ok(active.len())
     }
 
     /// One look at rollout `id`; true when it opened a wave and runs on.

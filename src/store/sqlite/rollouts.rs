@@ -180,7 +180,8 @@ impl RolloutStore for SqliteStore {
         let found: Vec<(i64,)> = sqlx::query_as(
             "SELECT id FROM rollouts WHERE state NOT IN ('finished', 'aborted', 'rolled-back') ORDER BY id",
         )
-        .fetch_all(&self.pool)
+        // The read-only pool: the writers' connections stay the writers'.
+        .fetch_all(&self.read_pool)
         .await?;
         Ok(found.into_iter().map(|(id,)| id).collect())
     }
