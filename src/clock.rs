@@ -14,3 +14,10 @@ pub fn format_ms(ms: i64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
         .to_string()
 }
+
+/// The milliseconds an RFC 3339 time (as `format_ms` writes it) names, if it is one.
+pub fn parse_ms(s: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339_weak(s).ok()?;
+    let d = t.duration_since(UNIX_EPOCH).ok()?;
+    i64::try_from(d.as_millis()).ok()
+}

@@ -83,6 +83,9 @@ pub struct FileConfig {
     /// `[drain]`: nodes' workload schedulers, drained before a rollout reimages them.
     #[serde(default)]
     pub drain: crate::rollout::drain::DrainSettings,
+    /// `[metrics]`: label groups and a scrape-only token for `/metrics`.
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -231,6 +234,7 @@ pub struct ServerConfig {
     pub images: crate::image::import::ImportSettings,
     pub rollouts: crate::rollout::run::RolloutSettings,
     pub drain: crate::rollout::drain::DrainSettings,
+    pub metrics: crate::metrics::MetricsSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -299,6 +303,7 @@ impl ServerConfig {
             images: file.images,
             rollouts: file.rollouts,
             drain: file.drain,
+            metrics: file.metrics,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

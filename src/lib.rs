@@ -15,6 +15,7 @@ pub mod http;
 pub mod http_client;
 pub mod image;
 pub mod leader;
+pub mod metrics;
 pub mod node;
 pub mod power;
 pub mod registry;

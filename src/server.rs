@@ -74,8 +74,14 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         }
         registry = registry.with_objects(objects, cfg.blobs.cache_max_bytes);
     }
+    let metrics = crate::metrics::Metrics::default();
+    let scrape = crate::metrics::Scrape::load(
+        &cfg.metrics,
+        webhooks.iter().map(|w| w.url.clone()).collect(),
+    )?;
     let controller = crate::node::controller::NodeController::new(store.clone())
-        .with_discovery_cap(cfg.discovery.max_unassigned);
+        .with_discovery_cap(cfg.discovery.max_unassigned)
+        .with_metrics(metrics.clone());
     let schedulers = std::sync::Arc::new(crate::rollout::drain::Schedulers::load(&cfg.drain)?);
     let rollouts = crate::rollout::service::RolloutService {
         store: store.clone(),
@@ -89,7 +95,10 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         templates,
         overlay: std::sync::Arc::new(overlay),
         controller: controller.clone(),
-        fetches: crate::node::service::fetches::FetchRecorder::start(store.clone()),
+        fetches: crate::node::service::fetches::FetchRecorder::start(
+            store.clone(),
+            metrics.clone(),
+        ),
         reimage: crate::node::reimage::ReimageService {
             registry: registry.clone(),
             controller: controller.clone(),
@@ -137,6 +146,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         ipxe_files: std::sync::Arc::new(FileSource::new(Some(cfg.ipxe_dir.clone()), None)),
         blob_maps: Default::default(),
         server_id: crate::leader::holder_id(),
+        metrics,
+        scrape: std::sync::Arc::new(scrape),
     };
     Ok(Server {
         http,
@@ -306,14 +317,18 @@ pub async fn start_tftp(
         tracing::warn!(dir = %cfg.ipxe_dir.display(), "iPXE directory missing: only blobs are served over TFTP (apt-get install ipxe)");
     }
     let (transfers, done) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(transfers_to_timeline(done, server.http.nodes.clone()));
+    tokio::spawn(transfers_to_timeline(
+        done,
+        server.http.nodes.clone(),
+        server.http.metrics.clone(),
+    ));
     let server = std::sync::Arc::new(TftpServer::new(
         std::sync::Arc::new(FileSource::new(
             Some(cfg.ipxe_dir.clone()),
             Some(server.blobs.clone()),
         )),
         cfg.tftp.clone(),
-        Default::default(),
+        server.http.metrics.tftp(),
         Some(transfers),
     ));
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
@@ -326,8 +341,15 @@ pub async fn start_tftp(
 async fn transfers_to_timeline(
     mut done: tokio::sync::mpsc::UnboundedReceiver<crate::tftp::metrics::TransferEvent>,
     nodes: std::sync::Arc<crate::node::service::NodeService>,
+    metrics: crate::metrics::Metrics,
 ) {
     while let Some(transfer) = done.recv().await {
+        if matches!(
+            transfer.outcome,
+            crate::tftp::metrics::Outcome::Completed | crate::tftp::metrics::Outcome::Unconfirmed
+        ) {
+            metrics.boot_phase(crate::metrics::phase::TFTP, transfer.duration.as_secs_f64());
+        }
         let std::net::IpAddr::V4(ip) = transfer.client.ip().to_canonical() else {
             continue;
         };
@@ -387,7 +409,7 @@ pub async fn start_dhcp(
             preboot: server.http.nodes.preboot.clone(),
         }),
         journal,
-        metrics: Default::default(),
+        metrics: server.http.metrics.dhcp(),
         chain_policy: d.chainload,
         chain: Default::default(),
         relay_port: crate::dhcp::server::SERVER_PORT,

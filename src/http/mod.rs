@@ -9,6 +9,7 @@ mod error;
 mod events;
 mod images;
 mod ipxe;
+mod metrics;
 mod nodes;
 mod power;
 pub mod range;
@@ -52,6 +53,10 @@ pub struct AppState {
     pub power: std::sync::Arc<crate::power::service::PowerService>,
     /// Rollouts: the admin's requests (the controller runs as a task of its own).
     pub rollouts: std::sync::Arc<crate::rollout::service::RolloutService>,
+    /// Counters and timings for `/metrics`, shared with DHCP, TFTP and the services.
+    pub metrics: crate::metrics::Metrics,
+    /// What `/metrics` reads besides the counters, and who may read it.
+    pub scrape: std::sync::Arc<crate::metrics::Scrape>,
 }
 
 /// The most an admin JSON body may be (bundles have their own limits): a label request
@@ -60,22 +65,39 @@ pub const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Every route on one listener.
 pub fn router(state: AppState) -> Router {
-    health()
-        .merge(boot_routes())
-        .merge(admin_api(&state))
-        .with_state(state)
+    counted(
+        health()
+            .merge(boot_routes())
+            .merge(admin_api(&state))
+            .route("/metrics", get(metrics::scrape)),
+        &state,
+    )
+    .with_state(state)
 }
 
-/// The admin API with health checks, for a listener of its own.
+/// The admin API with health checks and metrics, for a listener of its own.
 pub fn admin_router(state: AppState) -> Router {
-    health().merge(admin_api(&state)).with_state(state)
+    counted(
+        health()
+            .merge(admin_api(&state))
+            .route("/metrics", get(metrics::scrape)),
+        &state,
+    )
+    .with_state(state)
+}
+
+/// Every routed request counted and timed by its route template.
+fn counted(routes: Router<AppState>, state: &AppState) -> Router<AppState> {
+    routes.route_layer(middleware::from_fn_with_state(
+        state.metrics.clone(),
+        crate::metrics::http::track,
+    ))
 }
 
 /// What nodes reach, for a listener without the admin API: its routes answer 404 with
 /// where to look.
 pub fn boot_router(state: AppState) -> Router {
-    health()
-        .merge(boot_routes())
+    counted(health().merge(boot_routes()), &state)
         .route(
             "/api/v1/{*rest}",
             axum::routing::any(|| async {

@@ -37,6 +37,8 @@ pub struct NodeController {
     store: Store,
     /// New MACs are not recorded while this many nodes are discovered and unassigned.
     discovery_cap: Option<i64>,
+    /// Every state change written is counted and timed here.
+    metrics: crate::metrics::Metrics,
 }
 
 /// MACs not recorded because the discovery cap was reached.
@@ -49,7 +51,19 @@ impl NodeController {
         Self {
             store,
             discovery_cap: None,
+            metrics: Default::default(),
         }
+    }
+
+    /// Counts and times state changes into `metrics` (the server's).
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics state changes are counted in; the node service records its own there.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Bounds what unauthenticated traffic (DHCP, boot requests for made-up MACs) can add.
@@ -111,6 +125,8 @@ impl NodeController {
         reason: &str,
         with: Option<&Attached<'_>>,
     ) -> Result<NodeRecord, ControlError> {
+        let _writing = self.metrics.state_change_started();
+        let started = std::time::Instant::now();
         for _ in 0..CAS_ATTEMPTS {
             let node = self.current(mac).await?;
             let to = transition(node.state, event)?;
@@ -121,6 +137,8 @@ impl NodeController {
             {
                 CasOutcome::Done(updated) => {
                     tracing::info!(%mac, from = %node.state, to = %to, reason, "node state changed");
+                    let secs = started.elapsed().as_secs_f64();
+                    self.metrics.transition(node.state, to, secs);
                     return Ok(*updated);
                 }
                 CasOutcome::Stale => continue,
@@ -167,15 +185,38 @@ impl NodeController {
         reason: &str,
         rule: &ReimageRule<'_>,
     ) -> Result<ReimageOutcome, StoreError> {
+        let _writing = self.metrics.state_change_started();
+        let started = std::time::Instant::now();
+        let before = self.store.node(mac).await?.map(|n| n.state);
         let outcome = self.store.request_reimage(mac, reason, rule).await?;
-        if let ReimageOutcome::Accepted(node) = &outcome {
-            tracing::info!(%mac, to = %node.state, reason, "node state changed");
+        match &outcome {
+            ReimageOutcome::Accepted(node) => {
+                tracing::info!(%mac, to = %node.state, reason, "node state changed");
+                let from = before.unwrap_or(node.state);
+                let secs = started.elapsed().as_secs_f64();
+                self.metrics.transition(from, node.state, secs);
+            }
+            refused => self.count_refusal(refused),
         }
         Ok(outcome)
     }
 }
 
 impl NodeController {
+    /// A refused reimage, counted by why (`already reimaging` is not a refusal).
+    fn count_refusal(&self, outcome: &ReimageOutcome) {
+        use crate::store::ReimageDecision;
+        match outcome {
+            ReimageOutcome::Refused(ReimageDecision::OverBudget(_), _) => {
+                self.metrics.reimage_refused("over-budget")
+            }
+            ReimageOutcome::Refused(ReimageDecision::NotAllowed(_), _) => {
+                self.metrics.reimage_refused("not-allowed")
+            }
+            _ => {}
+        }
+    }
+
     /// A rollout step's reimage: the step's move, the node's assignment and its move to
     /// reimaging under `rule`, in one transaction (`RolloutStore::reimage_step`).
     pub async fn reimage_step(
@@ -186,12 +227,22 @@ impl NodeController {
         reason: &str,
         rule: &ReimageRule<'_>,
     ) -> Result<crate::store::StepReimage, StoreError> {
+        let _writing = self.metrics.state_change_started();
+        let started = std::time::Instant::now();
+        let before = self.store.node(step.mac).await?.map(|n| n.state);
         let outcome = self
             .store
             .reimage_step(rollout, step, assign, reason, rule)
             .await?;
-        if outcome == crate::store::StepReimage::Moved {
-            tracing::info!(mac = %step.mac, rollout, assign, reason, "node state changed to reimaging");
+        match &outcome {
+            crate::store::StepReimage::Moved => {
+                tracing::info!(mac = %step.mac, rollout, assign, reason, "node state changed to reimaging");
+                let to = crate::api::NodeState::Reimaging;
+                let secs = started.elapsed().as_secs_f64();
+                self.metrics.transition(before.unwrap_or(to), to, secs);
+            }
+            crate::store::StepReimage::Refused(refused) => self.count_refusal(refused),
+            crate::store::StepReimage::StaleStep => {}
         }
         Ok(outcome)
     }

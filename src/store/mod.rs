@@ -130,6 +130,17 @@ pub struct LeaseRow {
     pub expires_ms: i64,
 }
 
+/// A node as the metrics census counts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CensusRow {
+    pub state: NodeState,
+    /// When the node entered its state (its last write).
+    pub since_ms: i64,
+    /// The image of the node's newest boot; None if it never booted.
+    pub image: Option<Digest>,
+    pub labels: BTreeMap<String, String>,
+}
+
 /// A row of `nodes`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeRecord {
@@ -372,6 +383,8 @@ pub trait NodeStore: Send + Sync {
     /// power-on then find their nodes in memory). Returns how many.
     async fn warm_node_cache(&self) -> Result<usize, StoreError>;
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+    /// Every node's state, labels and the image of its newest boot, in one read.
+    async fn census(&self) -> Result<Vec<CensusRow>, StoreError>;
     /// Records `mac` as discovered unless known; returns the node and whether it is new.
     async fn discover(
         &self,

@@ -86,6 +86,30 @@ pub(crate) fn nodes(rows: Vec<NodeRow>) -> Result<Vec<NodeRecord>, StoreError> {
     rows.into_iter().map(node).collect()
 }
 
+/// Every node's state, labels and newest boot's image, the same on both backends (the
+/// newest boot by `boots_by_node`).
+pub(crate) const CENSUS: &str = "SELECT n.state, n.labels, n.updated_at_ms,
+    (SELECT b.image_digest FROM boots b WHERE b.mac = n.mac
+      ORDER BY b.created_at_ms DESC LIMIT 1)
+  FROM nodes n";
+
+/// `state, labels, updated_at_ms, newest boot's image` of `CENSUS`.
+pub(crate) type CensusTuple = (String, String, i64, Option<String>);
+
+pub(crate) fn census(rows: Vec<CensusTuple>) -> Result<Vec<crate::store::CensusRow>, StoreError> {
+    rows.into_iter()
+        .map(|(s, labels, since_ms, image)| {
+            Ok(crate::store::CensusRow {
+                state: state(&s)?,
+                since_ms,
+                labels: serde_json::from_str(&labels)
+                    .map_err(|e| StoreError::Corrupt(format!("labels: {e}")))?,
+                image: image.as_deref().map(parse_digest).transpose()?,
+            })
+        })
+        .collect()
+}
+
 /// `from_state, to_state, reason, at_ms` of `node_history`.
 pub(crate) type HistoryRow = (Option<String>, String, String, i64);
 

@@ -22,6 +22,10 @@ const RULES: &[(&str, &[&str])] = &[
     ("image", &["api", "clock", "http_client"]),
     ("store", &["api", "clock"]),
     ("leader", &["clock", "store"]),
+    (
+        "metrics",
+        &["api", "auth", "clock", "dhcp", "store", "tftp"],
+    ),
     ("registry", &["api", "clock", "image", "store"]),
     (
         "events",
@@ -30,7 +34,7 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "node",
         &[
-            "api", "clock", "boot", "dhcp", "image", "leader", "registry", "store",
+            "api", "clock", "boot", "dhcp", "image", "leader", "metrics", "registry", "store",
         ],
     ),
     (
@@ -53,8 +57,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "http",
         &[
-            "api", "auth", "clock", "events", "image", "node", "power", "registry", "rollout",
-            "tftp",
+            "api", "auth", "clock", "events", "image", "metrics", "node", "power", "registry",
+            "rollout", "tftp",
         ],
     ),
     ("cli", &["api", "auth", "config", "http_client"]),
@@ -62,7 +66,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "api", "dhcp", "events", "http", "image", "node", "power", "rollout", "store", "tftp",
+            "api", "dhcp", "events", "http", "image", "metrics", "node", "power", "rollout",
+            "store", "tftp",
         ],
     ),
     (
@@ -80,6 +85,7 @@ const RULES: &[(&str, &[&str])] = &[
             "http_client",
             "image",
             "leader",
+            "metrics",
             "node",
             "power",
             "registry",

@@ -216,7 +216,8 @@ impl NodeService {
             .collect();
         // Downloads still being written down would look like missing ones.
         self.fetches.flush().await;
-        let received = Received::tally(&store.fetches(&req.boot_id).await?);
+        let fetches = store.fetches(&req.boot_id).await?;
+        let received = Received::tally(&fetches);
         let verdict = judge(
             &req.report,
             &Expected {
@@ -266,11 +267,48 @@ impl NodeService {
             .apply_with(&boot.mac, event, &reason, Some(&attestation))
             .await
         {
-            Ok(_) => Ok(verdict),
+            Ok(_) => {
+                self.time_attested(boot, &image.record.artifacts, &fetches, verdict.passed);
+                Ok(verdict)
+            }
             // A concurrent try of the same boot won the race: its verdict is the answer.
             Err(ControlError::AlreadyAttested) => self.stored_verdict(&req.boot_id).await,
             Err(ControlError::NotAllowed(e)) => Err(AttestError::NotNow(e.to_string())),
             Err(e) => Err(BootError::from(e).into()),
+        }
+    }
+
+    /// Counts the verdict and times the boot so far: script to attest, and each
+    /// artifact's download (first byte of its first range to the last byte of its last).
+    fn time_attested(
+        &self,
+        boot: &crate::store::BootForAttest,
+        artifacts: &[crate::api::image::Artifact],
+        fetches: &[crate::store::Fetch],
+        passed: bool,
+    ) {
+        use crate::metrics::phase;
+        let metrics = self.controller.metrics();
+        metrics.attestation(passed);
+        let now = crate::clock::now_ms();
+        metrics.boot_phase(phase::ATTEST, (now - boot.created_at_ms) as f64 / 1000.0);
+        for artifact in artifacts {
+            let name = match artifact.role {
+                Role::Kernel => phase::KERNEL,
+                Role::Initrd => phase::INITRD,
+                Role::Rootfs => phase::ROOTFS,
+            };
+            let done = fetches
+                .iter()
+                .filter(|f| f.digest == artifact.digest)
+                .filter_map(|f| f.finished_at_ms.map(|end| (f.started_at_ms, end)));
+            let span = done.fold(None, |acc: Option<(i64, i64)>, (s, e)| match acc {
+                None => Some((s, e)),
+                Some((s0, e0)) => Some((s0.min(s), e0.max(e))),
+            });
+            if let Some((s, e)) = span {
+                metrics.boot_phase(name, (e - s) as f64 / 1000.0);
+            }
         }
     }
 

@@ -37,6 +37,7 @@ enum Message {
 pub struct FetchRecorder {
     tx: mpsc::Sender<Message>,
     dropped: Arc<AtomicU64>,
+    metrics: crate::metrics::Metrics,
 }
 
 /// A boot id as we issue them: 16 lowercase hex digits. Anything else is not recorded.
@@ -46,8 +47,9 @@ pub fn plausible_boot_id(id: &str) -> bool {
 
 impl FetchRecorder {
     /// Starts the writer task (it ends when every recorder is dropped).
-    pub fn start(store: Store) -> Self {
+    pub fn start(store: Store, metrics: crate::metrics::Metrics) -> Self {
         let (tx, mut rx) = mpsc::channel(QUEUE);
+        let timed = metrics.clone();
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(BATCH);
             while rx.recv_many(&mut batch, BATCH).await > 0 {
@@ -61,10 +63,14 @@ impl FetchRecorder {
                         Message::Flush(done) => flushes.push(done),
                     }
                 }
-                if !records.is_empty()
-                    && let Err(e) = store.record_fetches(&records).await
-                {
-                    tracing::warn!(records = records.len(), error = %e, "cannot record blob fetches");
+                if !records.is_empty() {
+                    let started = std::time::Instant::now();
+                    match store.record_fetches(&records).await {
+                        Ok(_) => timed.fetch_commit(started.elapsed().as_secs_f64()),
+                        Err(e) => {
+                            tracing::warn!(records = records.len(), error = %e, "cannot record blob fetches")
+                        }
+                    }
                 }
                 for done in flushes {
                     let _ = done.send(());
@@ -74,12 +80,14 @@ impl FetchRecorder {
         Self {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
+            metrics,
         }
     }
 
     fn record(&self, boot: String, fetch: Fetch) {
         if self.tx.try_send(Message::Record(boot, fetch)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.metrics.fetch_record_dropped();
         }
     }
 
@@ -89,6 +97,11 @@ impl FetchRecorder {
         if self.tx.send(Message::Flush(done)).await.is_ok() {
             let _ = wait.await;
         }
+    }
+
+    /// Records waiting to be written.
+    pub fn queued(&self) -> usize {
+        QUEUE - self.tx.capacity()
     }
 
     /// Records dropped because the queue was full.

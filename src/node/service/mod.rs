@@ -128,6 +128,7 @@ impl NodeService {
         uuid: Option<&str>,
         from: Option<std::net::IpAddr>,
     ) -> Result<String, BootError> {
+        let started = std::time::Instant::now();
         let hyphens = mac.to_string().replace(':', "-");
         let Some((node, new)) = self
             .controller
@@ -207,6 +208,7 @@ impl NodeService {
         self.controller
             .apply_with(mac, NodeEvent::BootStarted, &reason, Some(&boot))
             .await?;
+        self.time_script(started, &preboot, now);
         Ok(self.templates.node(&NodeBoot {
             server,
             mac: &hyphens,
@@ -215,6 +217,26 @@ impl NodeService {
             image: &image,
             rootfs_cache: crate::node::directory::rootfs_cache(&node.labels),
         })?)
+    }
+
+    /// The script's own time, and DHCP's: its first answer to this request.
+    fn time_script(
+        &self,
+        started: std::time::Instant,
+        preboot: &[crate::node::preboot::PrebootStep],
+        now_ms: i64,
+    ) {
+        use crate::metrics::phase;
+        let metrics = self.controller.metrics();
+        metrics.boot_phase(phase::SCRIPT, started.elapsed().as_secs_f64());
+        let first_dhcp = preboot
+            .iter()
+            .filter(|s| s.step.contains("dhcp"))
+            .map(|s| s.at_ms)
+            .min();
+        if let Some(first) = first_dhcp {
+            metrics.boot_phase(phase::DHCP, (now_ms - first) as f64 / 1000.0);
+        }
     }
 
     /// The assigned REF resolved now (a tag moves between boots), as the script needs it.

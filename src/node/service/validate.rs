@@ -101,10 +101,29 @@ impl NodeService {
             .apply_with(mac, event, &reason, Some(&validation))
             .await
             .map_err(not_now)?;
+        self.time_validated(&facts, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
         }
         Ok(verdict)
+    }
+
+    /// Counts the verdict by the checks that failed, and times attest to validation and
+    /// script to ready.
+    fn time_validated(&self, facts: &crate::store::BootFacts, verdict: &ValidationVerdict) {
+        use crate::metrics::phase;
+        let metrics = self.controller.metrics();
+        metrics.validation(
+            verdict.passed,
+            verdict.failures.iter().map(|f| f.check.as_str()),
+        );
+        let now = crate::clock::now_ms();
+        if let Some(attested) = facts.attested_at_ms {
+            metrics.boot_phase(phase::VALIDATE, (now - attested) as f64 / 1000.0);
+        }
+        if verdict.passed {
+            metrics.boot_phase(phase::READY, (now - facts.created_at_ms) as f64 / 1000.0);
+        }
     }
 
     /// The failure policy: reimage (attempt n of K, within the disruption budget), then

@@ -190,6 +190,11 @@ impl NodeStore for PgStore {
             .await?;
         rows::nodes(rows)
     }
+    async fn census(&self) -> Result<Vec<crate::store::CensusRow>, StoreError> {
+        let rows: Vec<rows::CensusTuple> =
+            sqlx::query_as(rows::CENSUS).fetch_all(&self.pool).await?;
+        rows::census(rows)
+    }
     async fn discover_within(
         &self,
         mac: &Mac,

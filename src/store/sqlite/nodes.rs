@@ -182,6 +182,12 @@ impl NodeStore for SqliteStore {
             .await?;
         rows::nodes(rows)
     }
+    async fn census(&self) -> Result<Vec<crate::store::CensusRow>, StoreError> {
+        let rows: Vec<rows::CensusTuple> = sqlx::query_as(rows::CENSUS)
+            .fetch_all(&self.read_pool)
+            .await?;
+        rows::census(rows)
+    }
     async fn discover_within(
         &self,
         mac: &Mac,
