@@ -40,6 +40,10 @@ pub mod phase {
     pub const VALIDATE: &str = "validate";
     /// Script served to ready: the whole boot after the firmware's part.
     pub const READY: &str = "ready";
+
+    pub const ALL: [&str; 9] = [
+        DHCP, TFTP, SCRIPT, KERNEL, INITRD, ROOTFS, ATTEST, VALIDATE, READY,
+    ];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,7 +120,32 @@ pub struct Inner {
 }
 
 impl Default for Inner {
+    /// Every family whose label values are known up front starts with them at zero, so
+    /// `increase()` sees the first event and a query finds a series before it happens.
     fn default() -> Self {
+        let inner = Self::empty();
+        for phase in phase::ALL {
+            inner.boot_phase.get_or_create(&PhaseLabels { phase });
+        }
+        for result in ["passed", "failed"] {
+            inner.attestations.get_or_create(&ResultLabels { result });
+            inner.validations.get_or_create(&ResultLabels { result });
+        }
+        for reason in [REFUSED_OVER_BUDGET, REFUSED_NOT_ALLOWED] {
+            inner
+                .reimage_refusals
+                .get_or_create(&ReasonLabels { reason });
+        }
+        inner
+    }
+}
+
+/// Reimage refusals: the disruption budget, or the node's state.
+pub const REFUSED_OVER_BUDGET: &str = "over-budget";
+pub const REFUSED_NOT_ALLOWED: &str = "not-allowed";
+
+impl Inner {
+    fn empty() -> Self {
         Self {
             dhcp: Default::default(),
             tftp: Default::default(),

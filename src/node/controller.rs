@@ -207,12 +207,12 @@ impl NodeController {
     fn count_refusal(&self, outcome: &ReimageOutcome) {
         use crate::store::ReimageDecision;
         match outcome {
-            ReimageOutcome::Refused(ReimageDecision::OverBudget(_), _) => {
-                self.metrics.reimage_refused("over-budget")
-            }
-            ReimageOutcome::Refused(ReimageDecision::NotAllowed(_), _) => {
-                self.metrics.reimage_refused("not-allowed")
-            }
+            ReimageOutcome::Refused(ReimageDecision::OverBudget(_), _) => self
+                .metrics
+                .reimage_refused(crate::metrics::REFUSED_OVER_BUDGET),
+            ReimageOutcome::Refused(ReimageDecision::NotAllowed(_), _) => self
+                .metrics
+                .reimage_refused(crate::metrics::REFUSED_NOT_ALLOWED),
             _ => {}
         }
     }

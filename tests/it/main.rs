@@ -16,6 +16,7 @@ mod ipmi;
 mod layers;
 mod lifecycle;
 mod limits;
+mod metrics;
 mod nodes;
 mod objects;
 mod oci;

@@ -99,5 +99,36 @@ async fn a_small_storm_boots_every_node_to_ready_through_the_whole_protocol() {
         .filter(|n| n["state"] == "ready")
         .count();
     assert_eq!(ready, nodes as usize, "{list}");
+
+    // And its metrics: DHCP answered each node twice (PXE, then iPXE), TFTP sent each its
+    // iPXE, and every phase of every boot was timed.
+    let metrics = server
+        .get("/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in {metrics}"))
+    };
+    let n = f64::from(nodes);
+    assert!(
+        sample(r#"bootfleet_dhcp_packets_total{outcome="ack",reason=""}"#) >= 2.0 * n,
+        "{metrics}"
+    );
+    assert!(sample(r#"bootfleet_tftp_transfers_total{outcome="completed"}"#) >= n);
+    for phase in [
+        "dhcp", "tftp", "script", "kernel", "initrd", "attest", "validate", "ready",
+    ] {
+        let count = sample(&format!(
+            r#"bootfleet_boot_phase_duration_seconds_count{{phase="{phase}"}}"#
+        ));
+        assert!(count >= n, "{phase}: {count}");
+    }
     server.stop().await;
 }
