@@ -125,14 +125,14 @@ impl Default for Inner {
     fn default() -> Self {
         let inner = Self::empty();
         for phase in phase::ALL {
-            inner.boot_phase.get_or_create(&PhaseLabels { phase });
+            let _ = inner.boot_phase.get_or_create(&PhaseLabels { phase });
         }
         for result in ["passed", "failed"] {
-            inner.attestations.get_or_create(&ResultLabels { result });
-            inner.validations.get_or_create(&ResultLabels { result });
+            let _ = inner.attestations.get_or_create(&ResultLabels { result });
+            let _ = inner.validations.get_or_create(&ResultLabels { result });
         }
         for reason in [REFUSED_OVER_BUDGET, REFUSED_NOT_ALLOWED] {
-            inner
+            let _ = inner
                 .reimage_refusals
                 .get_or_create(&ReasonLabels { reason });
         }
