@@ -1,4 +1,5 @@
-//! `GET /metrics`: the admin token or the scrape-only token (`[metrics] token_file`).
+//! `GET /metrics` and `GET /metrics/gpus`: the admin token or the scrape-only token
+//! (`[metrics] token_file`).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
@@ -8,11 +9,9 @@ use super::AppState;
 use super::auth::bearer;
 use super::error::ApiError;
 
-pub async fn scrape(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let Some(token) = bearer(&headers) else {
+/// The admin token or the scrape-only token.
+fn allowed(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = bearer(headers) else {
         return Err(ApiError::Unauthorized);
     };
     let scrape_token = state
@@ -23,14 +22,38 @@ pub async fn scrape(
     if !state.token.matches(token) && !scrape_token {
         return Err(ApiError::Forbidden);
     }
+    Ok(())
+}
+
+fn text(body: String) -> Response {
+    let content_type = [(header::CONTENT_TYPE, crate::metrics::expose::CONTENT_TYPE)];
+    (content_type, body).into_response()
+}
+
+pub async fn scrape(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    allowed(&state, &headers)?;
     let census = crate::metrics::census::gather(&state.registry.store, &state.scrape)
         .await
         .map_err(|e| ApiError::from(crate::registry::RegistryError::from(e)))?;
     let queue = state.nodes.fetches.queued();
-    let text = crate::metrics::expose::encode(&state.metrics, &census, queue);
-    Ok((
-        [(header::CONTENT_TYPE, crate::metrics::expose::CONTENT_TYPE)],
-        text,
-    )
-        .into_response())
+    Ok(text(crate::metrics::expose::encode(
+        &state.metrics,
+        &census,
+        queue,
+    )))
+}
+
+/// Each GPU's newest heartbeat readings, apart from `/metrics` because it grows with the
+/// fleet (a scrape job of its own, which may run less often).
+pub async fn gpus(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    allowed(&state, &headers)?;
+    let snapshot = state.metrics.gpus().snapshot(crate::clock::now_ms());
+    // Tens of milliseconds for a large fleet: off the async workers.
+    let body = tokio::task::spawn_blocking(move || crate::metrics::gpus::encode(snapshot))
+        .await
+        .map_err(|e| ApiError::Internal(format!("encoding GPU metrics: {e}")))?;
+    Ok(text(body))
 }

@@ -69,7 +69,8 @@ pub fn router(state: AppState) -> Router {
         health()
             .merge(boot_routes())
             .merge(admin_api(&state))
-            .route("/metrics", get(metrics::scrape)),
+            .route("/metrics", get(metrics::scrape))
+            .route("/metrics/gpus", get(metrics::gpus)),
         &state,
     )
     .with_state(state)
@@ -80,7 +81,8 @@ pub fn admin_router(state: AppState) -> Router {
     counted(
         health()
             .merge(admin_api(&state))
-            .route("/metrics", get(metrics::scrape)),
+            .route("/metrics", get(metrics::scrape))
+            .route("/metrics/gpus", get(metrics::gpus)),
         &state,
     )
     .with_state(state)

@@ -8,6 +8,7 @@
 
 pub mod census;
 pub mod expose;
+pub mod gpus;
 pub mod http;
 
 use std::sync::Arc;
@@ -101,6 +102,8 @@ pub struct Metrics(Arc<Inner>);
 
 pub struct Inner {
     pub dhcp: Arc<DhcpMetrics>,
+    /// Per-GPU readings from heartbeats (`/metrics/gpus`).
+    pub gpus: gpus::GpuTelemetry,
     pub tftp: Arc<TftpMetrics>,
     http_requests: Family<HttpLabels, Counter>,
     http_response_bytes: Family<RouteLabels, Counter>,
@@ -148,6 +151,7 @@ impl Inner {
     fn empty() -> Self {
         Self {
             dhcp: Default::default(),
+            gpus: Default::default(),
             tftp: Default::default(),
             http_requests: Default::default(),
             http_response_bytes: Default::default(),
@@ -178,6 +182,10 @@ impl Metrics {
 
     pub fn tftp(&self) -> Arc<TftpMetrics> {
         self.0.tftp.clone()
+    }
+
+    pub fn gpus(&self) -> &gpus::GpuTelemetry {
+        &self.0.gpus
     }
 
     /// One answered HTTP request, by route template.

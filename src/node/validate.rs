@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::api::agent::pci_bus_key;
 use crate::api::agent::{Failure, GpuFacts, ValidationReport, ValidationVerdict};
 use crate::image::manifest::ValidationSpec;
 
@@ -58,17 +59,6 @@ impl Expectations {
             dcgm_level: spec.dcgm_level,
             driver: pins.get("nvidia-driver").cloned(),
         }
-    }
-}
-
-/// Normalises a PCI bus id for comparison (`00000000:3B:00.0` and `0000:3b:00` match).
-fn bus_key(id: &str) -> String {
-    let id = id.to_ascii_lowercase();
-    let id = id.strip_suffix(".0").unwrap_or(&id);
-    let parts: Vec<&str> = id.split(':').collect();
-    match parts.as_slice() {
-        [.., bus, dev] => format!("{bus}:{dev}"),
-        _ => id.to_string(),
     }
 }
 
@@ -300,7 +290,7 @@ fn xid_checks(report: &ValidationReport, want: &Expectations, found: &mut Findin
                 .find(|g| {
                     g.pci_bus_id
                         .as_deref()
-                        .is_some_and(|b| bus_key(b) == bus_key(bus))
+                        .is_some_and(|b| pci_bus_key(b) == pci_bus_key(bus))
                 })
                 .map(|g| g.index)
         });

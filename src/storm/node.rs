@@ -356,6 +356,25 @@ pub(crate) async fn from_script(
     }))
 }
 
+/// Readings of the node's GPUs as a healthy H100 node reports them (synthetic: steady
+/// temperatures and power, no errors).
+fn gpu_samples(uuids: &[String]) -> Vec<crate::api::agent::GpuSample> {
+    uuids
+        .iter()
+        .enumerate()
+        .map(|(i, uuid)| crate::api::agent::GpuSample {
+            index: i as u32,
+            uuid: uuid.clone(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + 0x10 * i)),
+            temperature_c: Some(34 + i as u32),
+            power_w: Some(71.5 + i as f64),
+            ecc: Some(Default::default()),
+            xids: 0,
+        })
+        .collect()
+}
+
 /// One heartbeat as the agent sends it; the server's answer.
 pub(crate) async fn heartbeat(
     http: &reqwest::Client,
@@ -374,6 +393,7 @@ pub(crate) async fn heartbeat(
             modules: BTreeMap::new(),
             gpus: Some(booted.uuids.clone()),
         }),
+        gpus: gpu_samples(&booted.uuids),
     };
     let answer: HeartbeatAnswer = booted
         .agent(http)

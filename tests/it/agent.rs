@@ -98,6 +98,36 @@ async fn the_agent_takes_a_gpu_node_to_ready_and_an_xid_to_quarantine() {
     assert_eq!(detail["state"], "quarantined", "{out}");
     let reason = validation_failure(&detail);
     assert!(reason.contains("XID 79 on 0000:5d:00"), "{reason}");
+
+    // Their heartbeats carried each GPU's readings: /metrics/gpus shows them, the XID on
+    // the GPU at 5d:00 (index 3) only.
+    let gpus = server
+        .get("/metrics/gpus")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"bootfleet_gpu_temperature_celsius{node="52:54:00:30:00:01",gpu="0"} 31.0"#,
+        r#"bootfleet_gpu_power_watts{node="52:54:00:30:00:01",gpu="5"} 73.0"#,
+        r#"bootfleet_gpu_ecc_corrected_errors_total{node="52:54:00:30:00:01",gpu="2"} 3"#,
+        r#"bootfleet_gpu_xids_total{node="52:54:00:30:00:02",gpu="3"} 1"#,
+        r#"bootfleet_gpu_xids_total{node="52:54:00:30:00:02",gpu="2"} 0"#,
+        r#"bootfleet_gpu_xids_total{node="52:54:00:30:00:01",gpu="3"} 0"#,
+    ] {
+        assert!(gpus.lines().any(|l| l == line), "{line} not in {gpus}");
+    }
+    let info = gpus
+        .lines()
+        .find(|l| l.starts_with(r#"bootfleet_gpu_info{node="52:54:00:30:00:01",gpu="0","#))
+        .unwrap_or_else(|| panic!("no info for GPU 0: {gpus}"));
+    assert!(
+        info.contains(r#"modelName="NVIDIA H100 80GB HBM3""#),
+        "{info}"
+    );
+    assert!(info.contains(r#"pci_bus_id="00000000:18:00.0""#), "{info}");
     server.stop().await;
 }
 

@@ -125,7 +125,7 @@ impl Prometheus {
     /// `lastScrape` (the first may have been under way already).
     async fn scrape_after_now(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         loop {
             let targets: Value = self
                 .http
@@ -136,12 +136,19 @@ impl Prometheus {
                 .json()
                 .await
                 .unwrap();
-            let t = &targets["data"]["activeTargets"][0];
-            let last = t["lastScrape"].as_str().unwrap_or("").to_string();
-            if seen.last() != Some(&last) {
-                seen.push(last);
+            let active = targets["data"]["activeTargets"].as_array().unwrap();
+            for t in active {
+                let url = t["scrapeUrl"].as_str().unwrap_or("").to_string();
+                let last = t["lastScrape"].as_str().unwrap_or("").to_string();
+                let s = seen.entry(url).or_default();
+                if s.last() != Some(&last) {
+                    s.push(last);
+                }
             }
-            if seen.len() >= 3 && t["health"] == "up" {
+            let all_fresh = active.iter().all(|t| t["health"] == "up")
+                && seen.len() == active.len()
+                && seen.values().all(|s| s.len() >= 3);
+            if all_fresh && !active.is_empty() {
                 return;
             }
             assert!(
@@ -162,11 +169,19 @@ fn free_port() -> u16 {
 }
 
 fn scrape_config(target: std::net::SocketAddr, token_file: &Path) -> String {
+    let job = |name: &str, path: &str| {
+        format!(
+            "  - job_name: {name}\n    metrics_path: {path}\n    authorization:\n      \
+             type: Bearer\n      credentials_file: {}\n    static_configs:\n      \
+             - targets: [\"{target}\"]\n",
+            token_file.display()
+        )
+    };
     format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - bootfleet.rules.yml\n\
-         scrape_configs:\n  - job_name: bootfleet\n    authorization:\n      type: Bearer\n      \
-         credentials_file: {}\n    static_configs:\n      - targets: [\"{target}\"]\n",
-        token_file.display()
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  \
+         - bootfleet.rules.yml\nscrape_configs:\n{}{}",
+        job("bootfleet", "/metrics"),
+        job("bootfleet-gpus", "/metrics/gpus")
     )
 }
 
@@ -205,10 +220,10 @@ fn names_in(expr: &str) -> BTreeSet<String> {
     out
 }
 
-async fn scrape(server: &TestServer, token: &str) -> (u16, String) {
+async fn scrape(server: &TestServer, path: &str, token: &str) -> (u16, String) {
     let r = server
         .http
-        .get(server.url("/metrics"))
+        .get(server.url(path))
         .bearer_auth(token)
         .send()
         .await
@@ -226,6 +241,36 @@ async fn label(server: &TestServer, mac: &str, rack: &str) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+}
+
+/// A heartbeat carrying the readings of the fixture's 8 GPUs, with one XID on GPU 3.
+async fn heartbeat_with_gpus(
+    server: &TestServer,
+    node: &FakeNode<'_>,
+    boot: &crate::fake_node::Boot,
+) {
+    let gpus: Vec<Value> = healthy()["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            json!({
+                "index": g["index"], "uuid": g["uuid"], "name": g["name"],
+                "pci_bus_id": g["pci_bus_id"], "temperature_c": g["temperature_c"],
+                "power_w": g["power_w"], "ecc": g["ecc"],
+                "xids": if g["index"] == 3 { 1 } else { 0 },
+            })
+        })
+        .collect();
+    let r = server
+        .http
+        .post(server.url("/api/v1/agent/heartbeat"))
+        .bearer_auth(&boot.token)
+        .json(&json!({ "boot_id": boot.id, "mac": node.colons(), "gpus": gpus }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
 /// Five nodes booted (four ready, one failing validation on a missing GPU) and one only
@@ -264,7 +309,10 @@ async fn prometheus_scrapes_a_booted_fleet_and_promql_counts_it() {
         label(&server, mac, if i < 3 { "r1" } else { "r2" }).await;
         server.assign(mac, "demo:1.0").await;
         if i < 4 {
-            node.boot_to_ready(&image).await;
+            let boot = node.boot_to_ready(&image).await;
+            if i == 0 {
+                heartbeat_with_gpus(&server, &node, &boot).await;
+            }
         } else {
             let boot = node.boot().await;
             let artifacts = node.fetch_all(&boot).await;
@@ -293,8 +341,10 @@ async fn prometheus_scrapes_a_booted_fleet_and_promql_counts_it() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
-    let (status, text) = scrape(&server, scrape_token).await;
+    let (status, text) = scrape(&server, "/metrics", scrape_token).await;
     assert_eq!(status, 200, "{text}");
+    let (status, gpu_text) = scrape(&server, "/metrics/gpus", scrape_token).await;
+    assert_eq!(status, 200, "{gpu_text}");
     let prometheus = Prometheus::start(server.addr, scrape_token).await;
     prometheus.scrape_after_now().await;
 
@@ -375,12 +425,36 @@ async fn prometheus_scrapes_a_booted_fleet_and_promql_counts_it() {
         !text.contains("s3cret-path"),
         "a webhook's path is not shown"
     );
-    // No alert fires on a healthy scrape of this fleet.
-    let alerts = prometheus.query("ALERTS").await;
-    assert!(alerts.is_empty(), "{alerts:?}");
+    // The GPUs of the node that sent readings, joined to their UUIDs as dcgm-exporter
+    // names them.
+    assert_eq!(
+        v("count(bootfleet_gpu_temperature_celsius)").await,
+        Some(8.0)
+    );
+    let uuid = healthy()["gpus"][2]["uuid"].as_str().unwrap().to_string();
+    let joined = prometheus
+        .query(r#"bootfleet_gpu_temperature_celsius * on (node, gpu) group_left (UUID) bootfleet_gpu_info"#)
+        .await;
+    let gpu2 = joined
+        .iter()
+        .find(|r| r["metric"]["UUID"] == uuid.as_str())
+        .unwrap_or_else(|| panic!("{uuid} not in {joined:?}"));
+    assert_eq!(gpu2["value"][1], "30");
+    assert_eq!(v("sum(bootfleet_gpu_xids_total)").await, Some(1.0));
+    // No alert fires on this fleet but the XID one, for that GPU.
+    let alerts = prometheus.query(r#"ALERTS{alertstate="firing"}"#).await;
+    let names: Vec<String> = alerts
+        .iter()
+        .map(|a| format!("{} {}", a["metric"]["alertname"], a["metric"]["gpu"]))
+        .collect();
+    assert!(
+        names.iter().all(|n| n == r#""BootfleetGpuXid" "3""#),
+        "{names:?}"
+    );
 
     // Every query the dashboard and the rules ship names exported metrics and runs.
-    let exported = exported_names(&text);
+    let mut exported = exported_names(&text);
+    exported.extend(exported_names(&gpu_text));
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(deploy("grafana/bootfleet.json")).unwrap())
             .unwrap();

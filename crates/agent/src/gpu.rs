@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use bootfleet_api::agent::{
-    EccCounts, GpuFacts, NvLink, PcieLink, RetiredPages, RowRemap, ValidationReport,
+    EccCounts, GpuFacts, GpuSample, NvLink, PcieLink, RetiredPages, RowRemap, ValidationReport,
+    Xid, pci_bus_key,
 };
 
 /// Readings for the validation report; XIDs and checks are added by the caller.
@@ -30,6 +31,29 @@ impl GpuSource for Recorded {
             },
         }
     }
+}
+
+/// Each GPU's readings for a heartbeat, with the XIDs the kernel logged for it.
+pub fn samples(gpus: &[GpuFacts], xids: &[Xid]) -> Vec<GpuSample> {
+    gpus.iter()
+        .map(|g| {
+            let bus = g.pci_bus_id.as_deref().map(pci_bus_key);
+            let xids = xids
+                .iter()
+                .filter(|x| bus.is_some() && x.pci_bus_id.as_deref().map(pci_bus_key) == bus)
+                .count() as u64;
+            GpuSample {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+                temperature_c: g.temperature_c,
+                power_w: g.power_w,
+                ecc: g.ecc,
+                xids,
+            }
+        })
+        .collect()
 }
 
 pub struct Nvml;
@@ -177,4 +201,31 @@ fn read_gpu(nvml: &nvml_wrapper::Nvml, index: u32) -> GpuFacts {
         }
     }
     g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_count_each_gpus_xids_by_its_pci_address() {
+        let gpu = |index, bus: &str| GpuFacts {
+            index,
+            uuid: format!("GPU-{index}"),
+            pci_bus_id: Some(bus.into()),
+            temperature_c: Some(40 + index),
+            ..Default::default()
+        };
+        let gpus = [gpu(0, "00000000:3B:00.0"), gpu(1, "00000000:5E:00.0")];
+        let xid = |bus: Option<&str>| Xid {
+            code: 79,
+            pci_bus_id: bus.map(String::from),
+            line: String::new(),
+        };
+        let xids = [xid(Some("0000:3b:00")), xid(Some("0000:3b:00")), xid(None)];
+        let s = samples(&gpus, &xids);
+        assert_eq!((s[0].xids, s[1].xids), (2, 0));
+        assert_eq!(s[1].temperature_c, Some(41));
+        assert_eq!(s[0].uuid, "GPU-0");
+    }
 }

@@ -209,7 +209,10 @@ impl Agent {
 
     pub async fn heartbeat(&self) -> Result<NextAction, String> {
         let f = self.facts();
-        let gpus: Vec<String> = self.gpus.read().gpus.into_iter().map(|g| g.uuid).collect();
+        let readings = self.gpus.read();
+        let xids = super::xid::from_kernel_log(&self.root);
+        let samples = super::gpu::samples(&readings.gpus, &xids);
+        let gpus: Vec<String> = readings.gpus.into_iter().map(|g| g.uuid).collect();
         let body = HeartbeatRequest {
             boot_id: self.boot.clone(),
             mac: self.mac,
@@ -220,6 +223,7 @@ impl Agent {
                 modules: f.modules,
                 gpus: Some(gpus),
             }),
+            gpus: samples,
         };
         let (status, answer) = self.post("/api/v1/agent/heartbeat", &body).await;
         Self::say("heartbeat", status, &answer);

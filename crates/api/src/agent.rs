@@ -196,6 +196,39 @@ pub struct HeartbeatRequest {
     /// What the node runs now; compared with the attested baseline when the node is ready.
     #[serde(default)]
     pub facts: Option<NodeFacts>,
+    /// Each GPU's readings now, for the server's metrics (`/metrics/gpus`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuSample>,
+}
+
+/// A PCI address as `bus:device`, whatever its spelling: NVML's `00000000:3B:00.0` and
+/// the kernel log's `0000:3b:00` name one GPU.
+pub fn pci_bus_key(id: &str) -> String {
+    let id = id.to_ascii_lowercase();
+    let id = id.strip_suffix(".0").unwrap_or(&id);
+    let parts: Vec<&str> = id.split(':').collect();
+    match parts.as_slice() {
+        [.., bus, dev] => format!("{bus}:{dev}"),
+        _ => id.to_string(),
+    }
+}
+
+/// One GPU's readings in a heartbeat: what dcgm-exporter would show of it. Every reading
+/// is optional (a failed query leaves it out); unknown fields are accepted, for newer
+/// agents.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuSample {
+    pub index: u32,
+    pub uuid: String,
+    /// The model, as NVML names it (`NVIDIA H100 80GB HBM3`).
+    pub name: String,
+    pub pci_bus_id: Option<String>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+    pub ecc: Option<EccCounts>,
+    /// XIDs the kernel logged for this GPU since the node booted.
+    pub xids: u64,
 }
 
 /// What the agent reports with each heartbeat (all optional: an agent may send less).

@@ -57,6 +57,12 @@ impl NodeService {
         store.record_heartbeat(&req.mac).await?;
         let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
         let mac = &req.mac;
+        self.controller.metrics().gpus().record(
+            *mac,
+            node.hostname.as_deref(),
+            &req.gpus,
+            crate::clock::now_ms(),
+        );
         match node.state {
             NodeState::Reimaging => return Ok(answer(NextAction::Reboot, vec![])),
             NodeState::Unreachable => {
