@@ -117,6 +117,18 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',')]
         measure_pid: Vec<u32>,
     },
+    /// `/metrics` and `/metrics/gpus` against the JSON node list, for a fleet of N
+    /// simulated nodes booted once over HTTP, each with 8 GPUs reporting in a heartbeat.
+    Scrape {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        /// Fetches of each path, in turn.
+        #[arg(long, default_value_t = 20)]
+        rounds: u32,
+        /// Boots in flight at once while the fleet is built.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
     /// The HTTP phase alone: N clients, each on its own connection, download every URL
     /// at once; every Nth cuts its first download halfway and resumes it.
     Http {
@@ -274,6 +286,21 @@ pub async fn run(
                 measure: measure_pid,
             };
             let report = storm::rollout::run(server, token, bench).await?;
+            emit(out, &report, |r| print!("{r}"))
+        }
+        BenchCommand::Scrape {
+            nodes,
+            rounds,
+            concurrency,
+        } => {
+            raise_open_files_limit();
+            let token = admin_token(server, token, data_dir)?;
+            let bench = storm::scrape::ScrapeBench {
+                nodes,
+                rounds,
+                concurrency,
+            };
+            let report = storm::scrape::run(server, &token, bench).await?;
             emit(out, &report, |r| print!("{r}"))
         }
         BenchCommand::Http {

@@ -13,6 +13,7 @@ pub mod node;
 pub mod procstat;
 pub mod report;
 pub mod rollout;
+pub mod scrape;
 pub mod setup;
 
 use std::time::{Duration, Instant};
