@@ -2,6 +2,7 @@
 
 mod bulk;
 pub mod client;
+mod docs;
 mod image;
 mod import;
 mod node;
@@ -70,6 +71,18 @@ pub enum Command {
     /// resume, abort or roll back.
     #[command(subcommand)]
     Rollout(rollout::RolloutCommand),
+    /// Print a shell completion script: `bootfleet completions bash >
+    /// /etc/bash_completion.d/bootfleet` (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for bootfleet and each of its commands into DIR
+    /// (`bootfleet.1`, `bootfleet-node-list.1`...): `man -l DIR/bootfleet.1`.
+    Man {
+        /// Where the pages go (created if missing).
+        dir: PathBuf,
+    },
 }
 
 /// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
@@ -132,14 +145,19 @@ pub fn parse() -> Cli {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Command::Serve(args) = cli.command {
-        return serve::run(args, cli.data_dir, cli.config).await;
+    match cli.command {
+        Command::Serve(args) => return serve::run(args, cli.data_dir, cli.config).await,
+        Command::Completions { shell } => return docs::completions(shell),
+        Command::Man { dir } => return docs::man_pages(&dir),
+        _ => {}
     }
     let target =
         client::Target::resolve(cli.server, cli.token, cli.data_dir, cli.config.as_deref())?;
     let client = client::Client::new(target)?;
     match cli.command {
-        Command::Serve(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Completions { .. } | Command::Man { .. } => {
+            unreachable!("handled above")
+        }
         Command::Image(cmd) => image::run(cmd, &client, cli.output).await,
         Command::Node(cmd) => node::run(cmd, &client, cli.output).await,
         Command::Rollout(cmd) => rollout::run(cmd, &client, cli.output).await,

@@ -34,6 +34,15 @@ pub enum NodeCommand {
     Show {
         /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
         node: String,
+        /// Keep watching: show the node again each time it changes (Ctrl-C ends it).
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// With --watch: how often to look.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, requires = "watch")]
+        every: std::time::Duration,
+        /// With --watch: end once the node is in this state (exit 0), e.g. ready.
+        #[arg(long, requires = "watch", value_parser = node_state)]
+        until: Option<crate::api::NodeState>,
     },
     /// Assign REF (sha256:<hex>, NAME:VERSION or NAME:TAG) to nodes: `assign NODE... REF`
     /// or `assign --selector S REF`. A tag is followed at each boot; an unknown MAC is
@@ -152,12 +161,17 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                 .await?;
             emit(out, &nodes, |nodes| print_nodes(nodes))
         }
-        NodeCommand::Show { node } => {
+        NodeCommand::Show {
+            node, watch: false, ..
+        } => {
             let d: NodeDetail = client
                 .send(client.request(Method::GET, &format!("/api/v1/nodes/{}", mac(&node)?)))
                 .await?;
             emit(out, &d, print_detail)
         }
+        NodeCommand::Show {
+            node, every, until, ..
+        } => watch(client, out, mac(&node)?, every, until).await,
         NodeCommand::Assign { mut args, selector } => {
             let reference = args.pop().expect("clap requires one");
             let r = ImageRef::parse(&reference)?;
@@ -338,6 +352,59 @@ fn print_nodes(nodes: &[Node]) {
 }
 
 /// A node, its recent boots as timelines, and its state history.
+/// A state by its name, as the API spells it.
+fn node_state(name: &str) -> Result<crate::api::NodeState, String> {
+    crate::api::NodeState::ALL
+        .into_iter()
+        .find(|s| s.as_str() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = crate::api::NodeState::ALL
+                .iter()
+                .map(|s| s.as_str())
+                .collect();
+            format!("not a node state; one of {}", names.join(", "))
+        })
+}
+
+/// Shows the node each time it changes, until it is in `until` (or forever). On a
+/// terminal each view replaces the last; piped, views follow each other, each after a
+/// line with its time (JSON: one object a line).
+async fn watch(
+    client: &Client,
+    out: OutputFormat,
+    node: Mac,
+    every: std::time::Duration,
+    until: Option<crate::api::NodeState>,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stdout().is_terminal();
+    let mut last: Option<String> = None;
+    loop {
+        let d: NodeDetail = client
+            .send(client.request(Method::GET, &format!("/api/v1/nodes/{node}")))
+            .await?;
+        let seen = serde_json::to_string(&d)?;
+        if last.as_ref() != Some(&seen) {
+            match out {
+                OutputFormat::Json => println!("{seen}"),
+                OutputFormat::Text if terminal => {
+                    print!("\x1b[2J\x1b[H");
+                    print_detail(&d);
+                }
+                OutputFormat::Text => {
+                    println!("--- {}", crate::clock::format_ms(crate::clock::now_ms()));
+                    print_detail(&d);
+                }
+            }
+            last = Some(seen);
+        }
+        if until == Some(d.node.state) {
+            return Ok(());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 fn print_detail(d: &NodeDetail) {
     let n = &d.node;
     println!("node:     {}", n.mac);

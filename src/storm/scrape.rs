@@ -107,7 +107,10 @@ pub async fn run(server: &str, token: &str, bench: ScrapeBench) -> anyhow::Resul
                 .await?;
             anyhow::ensure!(r.status().is_success(), "GET {path}: {}", r.status());
             let body = r.bytes().await?;
-            times.entry(path).or_default().push(t.elapsed().as_secs_f64() * 1000.0);
+            times
+                .entry(path)
+                .or_default()
+                .push(t.elapsed().as_secs_f64() * 1000.0);
             sizes.insert(path, body.len());
             if path == "/metrics/gpus" {
                 gpus = body

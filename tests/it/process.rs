@@ -769,3 +769,134 @@ fn serve_reads_the_config_given_after_the_subcommand() {
     }
     panic!("serve --config did not come up from the file: {outcome}");
 }
+
+/// Shell completions and man pages come from the command line's own definition: the
+/// bash script parses, names every command; a page is written for each command.
+#[test]
+fn completions_and_man_pages_cover_every_command() {
+    let (code, bash, err) = cli_bare(&["completions", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    for word in [
+        "rollout",
+        "revalidate",
+        "completions",
+        "--selector",
+        "--watch",
+    ] {
+        assert!(bash.contains(word), "{word} not completed");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("bootfleet.bash");
+    std::fs::write(&script, &bash).unwrap();
+    let checked = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let (code, zsh, _) = cli_bare(&["completions", "zsh"]);
+    assert_eq!(code, 0);
+    assert!(zsh.starts_with("#compdef bootfleet"), "{zsh}");
+    let (code, _, err) = cli_bare(&["completions", "tcsh"]);
+    assert_eq!(code, 2, "an unknown shell is a usage error: {err}");
+
+    let pages = dir.path().join("man");
+    let (code, _, err) = cli_bare(&["man", pages.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let page = std::fs::read_to_string(pages.join("bootfleet-node-show.1")).unwrap();
+    assert!(page.starts_with(".ie") || page.contains(".TH"), "{page}");
+    assert!(page.contains("watch"), "{page}");
+    for name in [
+        "bootfleet.1",
+        "bootfleet-serve.1",
+        "bootfleet-rollout-start.1",
+        "bootfleet-image-import.1",
+    ] {
+        assert!(pages.join(name).is_file(), "{name} missing");
+    }
+    let serve = std::fs::read_to_string(pages.join("bootfleet-serve.1")).unwrap();
+    assert!(
+        !serve.contains("\\-\\-token"),
+        "serve's page lists the admin globals"
+    );
+}
+
+/// `node show --watch --until ready` follows a node through its boot and ends when it is
+/// ready, one JSON view per change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_show_watches_a_boot_until_ready() {
+    let server = TestServer::start().await;
+    let (status, image) = server
+        .publish(good_bundle("demo", "1.0", &noise(10_000, 3)))
+        .await;
+    assert_eq!(status, 201, "{image}");
+    let node = crate::fake_node::FakeNode::new(&server, "52-54-00-00-40-01");
+    node.script().await;
+    server.assign("52-54-00-00-40-01", "demo:1.0").await;
+    let watcher = tokio::process::Command::new(bin())
+        .args([
+            "--server",
+            &format!("http://{}", server.addr),
+            "--token",
+            &server.token,
+            "--output",
+            "json",
+            "node",
+            "show",
+            "52:54:00:00:40:01",
+            "--watch",
+            "--every",
+            "50ms",
+            "--until",
+            "ready",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.boot_to_ready(&image).await;
+    let out = tokio::time::timeout(Duration::from_secs(30), watcher.wait_with_output())
+        .await
+        .expect("the watch ends once the node is ready")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["state"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(
+        states.first().map(String::as_str),
+        Some("discovered"),
+        "{states:?}"
+    );
+    assert_eq!(
+        states.last().map(String::as_str),
+        Some("ready"),
+        "{states:?}"
+    );
+    let (code, _, err) = cli_bare(&["node", "show", "52:54:00:00:40:01", "--until", "ready"]);
+    assert_eq!(code, 2, "--until needs --watch: {err}");
+    let (code, _, err) = cli_bare(&[
+        "node",
+        "show",
+        "52:54:00:00:40:01",
+        "--watch",
+        "--until",
+        "sleeping",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("one of discovered"), "{err}");
+}
