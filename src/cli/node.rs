@@ -29,6 +29,9 @@ pub enum NodeCommand {
         /// Only nodes whose labels match: k=v, k!=v, k (has it), !k (has not), comma-separated.
         #[arg(long, short = 'l')]
         selector: Option<String>,
+        /// Only nodes whose MAC, hostname or a label value contains this text.
+        #[arg(long)]
+        search: Option<String>,
     },
     /// Show one node (NODE is its MAC): state, labels, last boots, state history.
     Show {
@@ -150,11 +153,14 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
             state,
             image,
             selector,
+            search,
         } => {
             let query = NodeQuery {
                 state,
                 image,
                 selector,
+                q: search,
+                ..Default::default()
             };
             let nodes: Vec<Node> = client
                 .send(client.request(Method::GET, "/api/v1/nodes").query(&query))
@@ -354,16 +360,13 @@ fn print_nodes(nodes: &[Node]) {
 /// A node, its recent boots as timelines, and its state history.
 /// A state by its name, as the API spells it.
 fn node_state(name: &str) -> Result<crate::api::NodeState, String> {
-    crate::api::NodeState::ALL
-        .into_iter()
-        .find(|s| s.as_str() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = crate::api::NodeState::ALL
-                .iter()
-                .map(|s| s.as_str())
-                .collect();
-            format!("not a node state; one of {}", names.join(", "))
-        })
+    crate::api::NodeState::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = crate::api::NodeState::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect();
+        format!("not a node state; one of {}", names.join(", "))
+    })
 }
 
 /// Shows the node each time it changes, until it is in `until` (or forever). On a

@@ -15,6 +15,7 @@ mod power;
 pub mod range;
 mod rollouts;
 pub mod serve;
+mod ui;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -69,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         health()
             .merge(boot_routes())
             .merge(admin_api(&state))
+            .merge(console())
             .route("/metrics", get(metrics::scrape))
             .route("/metrics/gpus", get(metrics::gpus)),
         &state,
@@ -76,11 +78,30 @@ pub fn router(state: AppState) -> Router {
     .with_state(state)
 }
 
+/// The operator's console (`/ui/`), its login and its session.
+fn console() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/ui",
+            get(|| async { axum::response::Redirect::permanent("/ui/") }),
+        )
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::script))
+        .route("/ui/style.css", get(ui::style))
+        .route(
+            "/ui/login",
+            post(ui::login).layer(DefaultBodyLimit::max(4096)),
+        )
+        .route("/ui/session", get(ui::current))
+        .route("/ui/logout", post(ui::logout))
+}
+
 /// The admin API with health checks and metrics, for a listener of its own.
 pub fn admin_router(state: AppState) -> Router {
     counted(
         health()
             .merge(admin_api(&state))
+            .merge(console())
             .route("/metrics", get(metrics::scrape))
             .route("/metrics/gpus", get(metrics::gpus)),
         &state,
@@ -155,6 +176,7 @@ fn admin_api(state: &AppState) -> Router<AppState> {
         .route("/tags/{name}/{tag}/history", get(images::tag_history))
         .route("/blobs/verify", post(images::verify))
         .route("/blobs/gc", post(images::gc))
+        .route("/fleet", get(nodes::fleet))
         .route("/nodes", get(nodes::list))
         .route("/nodes/{mac}", get(nodes::show).delete(nodes::remove))
         .route("/nodes/{mac}/image", put(nodes::assign))

@@ -127,11 +127,27 @@ fn admin_error(e: AdminError) -> ApiError {
 }
 
 /// `GET /api/v1/nodes?state=&image=&selector=`.
+/// `GET /api/v1/fleet`: counts by state, image and label group; nodes that need a look.
+pub async fn fleet(
+    State(state): State<AppState>,
+) -> Result<Json<crate::api::node::FleetSummary>, ApiError> {
+    let groups = &state.scrape.group_labels;
+    state
+        .nodes
+        .fleet(groups)
+        .await
+        .map(Json)
+        .map_err(admin_error)
+}
+
+/// The matching nodes (a page of them with `limit`/`offset`); `X-Total-Count` says how
+/// many match in all.
 pub async fn list(
     State(state): State<AppState>,
     Query(q): Query<NodeQuery>,
-) -> Result<Json<Vec<Node>>, ApiError> {
-    state.nodes.list(&q).await.map(Json).map_err(admin_error)
+) -> Result<([(&'static str, String); 1], Json<Vec<Node>>), ApiError> {
+    let (page, total) = state.nodes.list(&q).await.map_err(admin_error)?;
+    Ok(([("x-total-count", total.to_string())], Json(page)))
 }
 
 pub async fn show(

@@ -32,6 +32,8 @@ pub struct NodeFilter {
     states: Vec<NodeState>,
     image: Option<String>,
     labels: Vec<Requirement>,
+    /// Lower case; found in the MAC, the hostname or a label value.
+    search: Option<String>,
 }
 
 fn key(k: &str, whole: &str) -> Result<String, String> {
@@ -55,6 +57,10 @@ impl NodeFilter {
             f.states.push(state);
         }
         f.image = q.image.clone().filter(|i| !i.is_empty());
+        f.search =
+            q.q.as_deref()
+                .map(|t| t.trim().to_lowercase())
+                .filter(|t| !t.is_empty());
         let whole = q.selector.as_deref().unwrap_or("");
         for part in whole.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let req = if let Some((k, v)) = part.split_once("!=") {
@@ -78,7 +84,23 @@ impl NodeFilter {
                 .as_ref()
                 .is_none_or(|i| node.assigned.as_ref() == Some(i))
             && self.labels.iter().all(|r| r.holds(&node.labels))
+            && self.search.as_deref().is_none_or(|t| found(t, node))
     }
+}
+
+/// `text` (lower case) in the node's MAC (either spelling), hostname or a label value.
+fn found(text: &str, node: &Node) -> bool {
+    let mac = node.mac.to_string();
+    mac.contains(text)
+        || mac.replace(':', "-").contains(text)
+        || node
+            .hostname
+            .as_deref()
+            .is_some_and(|h| h.to_lowercase().contains(text))
+        || node
+            .labels
+            .values()
+            .any(|v| v.to_lowercase().contains(text))
 }
 
 #[cfg(test)]

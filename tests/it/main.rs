@@ -33,3 +33,4 @@ mod storm;
 mod tftp;
 mod tidy;
 mod two_stage;
+mod ui;

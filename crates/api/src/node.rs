@@ -112,6 +112,37 @@ pub struct NodeQuery {
     /// A label selector: `k=v`, `k!=v`, `k` (has the label), `!k` (has not), comma-separated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Text the MAC, hostname or a label value contains (case-insensitive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub q: Option<String>,
+    /// A page of the matching nodes (by MAC): at most `limit`, after skipping `offset`.
+    /// The answer's `X-Total-Count` header says how many match in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<usize>,
+}
+
+/// `GET /api/v1/fleet`: the fleet at a glance, for the console's overview.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetSummary {
+    pub nodes: u64,
+    /// Every state with its count, zero included, in the state machine's order.
+    pub by_state: Vec<Count>,
+    /// By the image of each node's newest boot (`none`: never booted), largest first.
+    pub by_image: Vec<Count>,
+    /// By the value of each label key `[metrics] group_labels` names, as a selector:
+    /// `key=value`, or `!key` for the nodes without the label.
+    pub by_group: Vec<Count>,
+    /// Nodes neither ready nor waiting for an image, most recently changed first (at
+    /// most 50), with why.
+    pub not_ready: Vec<Node>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Count {
+    pub name: String,
+    pub count: u64,
 }
 
 pub use crate::power::Bmc;
@@ -141,6 +172,22 @@ pub struct NodeDetail {
     /// The last power actions through the node's BMC, newest first.
     #[serde(default)]
     pub power: Vec<crate::power::PowerEntry>,
+    /// The newest validation verdict among the last boots: each failing check, by GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<LastValidation>,
+}
+
+/// A boot's validation verdict as the node page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastValidation {
+    pub boot_id: String,
+    pub at: String,
+    pub passed: bool,
+    #[serde(default)]
+    pub failures: Vec<crate::agent::Failure>,
+    /// The UUIDs of the GPUs the report named.
+    #[serde(default)]
+    pub gpus: Vec<String>,
 }
 
 /// A boot as a timeline: what happened, when, and where it stopped.

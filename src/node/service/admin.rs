@@ -74,14 +74,23 @@ fn visible(c: char) -> bool {
 
 impl NodeService {
     /// The nodes `query` means (every node for an empty one).
-    pub async fn list(&self, query: &NodeQuery) -> Result<Vec<Node>, AdminError> {
+    /// The nodes the query matches, by MAC, as a page (`limit`, `offset`), with how many
+    /// match in all.
+    pub async fn list(&self, query: &NodeQuery) -> Result<(Vec<Node>, usize), AdminError> {
         let filter = NodeFilter::parse(query).map_err(AdminError::BadRequest)?;
         let nodes = self.store.nodes().await?;
-        Ok(nodes
+        let matching: Vec<Node> = nodes
             .into_iter()
             .map(Node::from)
             .filter(|n| filter.matches(n))
-            .collect())
+            .collect();
+        let total = matching.len();
+        let page = matching
+            .into_iter()
+            .skip(query.offset.unwrap_or(0))
+            .take(query.limit.unwrap_or(usize::MAX))
+            .collect();
+        Ok((page, total))
     }
 
     pub async fn show(&self, mac: &Mac) -> Result<NodeDetail, AdminError> {
@@ -91,7 +100,22 @@ impl NodeService {
             .await?
             .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))?;
         let (boots, preboot) = self.timelines(mac, TIMELINES_SHOWN).await?;
+        let validation = store
+            .boot_facts(mac, TIMELINES_SHOWN)
+            .await?
+            .into_iter()
+            .find_map(|b| {
+                let v = b.validation?;
+                Some(crate::api::node::LastValidation {
+                    boot_id: b.id,
+                    at: crate::clock::format_ms(b.validated_at_ms.unwrap_or(b.created_at_ms)),
+                    passed: v.get("passed")?.as_bool()?,
+                    failures: serde_json::from_value(v.get("failures")?.clone()).ok()?,
+                    gpus: serde_json::from_value(v.get("gpus")?.clone()).unwrap_or_default(),
+                })
+            });
         Ok(NodeDetail {
+            validation,
             node: node.into(),
             history: store.node_history(mac).await?,
             boots,

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod attest;
 pub mod fetches;
+pub mod fleet;
 pub mod heartbeat;
 pub mod overlay;
 pub mod timeline;
