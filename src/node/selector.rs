@@ -131,8 +131,29 @@ mod tests {
             state: state.map(String::from),
             image: image.map(String::from),
             selector: selector.map(String::from),
+            ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn search_finds_text_in_the_mac_hostname_or_a_label_value() {
+        let mut n = node(NodeState::Ready, None, &[("rack", "R12")]);
+        n.hostname = Some("gpu-node-7".into());
+        let search = |q: &str| {
+            NodeFilter::parse(&NodeQuery {
+                q: Some(q.into()),
+                ..Default::default()
+            })
+            .unwrap()
+            .matches(&n)
+        };
+        assert!(search("52:54:00"));
+        assert!(search("52-54-00-00-00-01"));
+        assert!(search("NODE-7"));
+        assert!(search("r12"));
+        assert!(!search("rack"), "keys are not searched: a selector names them");
+        assert!(!search("gpu-node-8"));
     }
 
     #[test]
