@@ -152,7 +152,10 @@ mod tests {
         assert!(search("52-54-00-00-00-01"));
         assert!(search("NODE-7"));
         assert!(search("r12"));
-        assert!(!search("rack"), "keys are not searched: a selector names them");
+        assert!(
+            !search("rack"),
+            "keys are not searched: a selector names them"
+        );
         assert!(!search("gpu-node-8"));
     }
 

@@ -244,6 +244,30 @@ async fn an_operator_finds_a_failed_gpu_reimages_the_node_and_rolls_a_tag_back()
     );
     shot(&c, "3-node-failed").await;
 
+    // Assign: a REF that does not resolve is refused with the server's reason; one that
+    // does is recorded for the next boot.
+    let assign = c.find(Locator::Id("assign-ref")).await.unwrap();
+    assign.send_keys("nope:9").await.unwrap();
+    c.find(Locator::Id("assign"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(&c, "#status", |t| t.starts_with("assign:")).await;
+    let assign = c.find(Locator::Id("assign-ref")).await.unwrap();
+    assign.clear().await.unwrap();
+    assign.send_keys("demo:2.0").await.unwrap();
+    c.find(Locator::Id("assign"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(&c, "#status", |t| t.contains("assigned demo:2.0")).await;
+    let (_, node) = server.json("/api/v1/nodes/52:54:00:00:50:04").await;
+    assert_eq!(node["assigned"], "demo:2.0");
+
     // Reimage without a reason: refused in the page. With one: the state changes live.
     c.find(Locator::Id("reimage"))
         .await

@@ -181,6 +181,7 @@ async function nodeView(view, mac) {
   const draw = async () => {
     const d = (await api("GET", `/api/v1/nodes/${mac}`)).data;
     const reason = el("input", { type: "text", id: "reimage-reason", placeholder: "why (required)", size: 40 });
+    const assign = el("input", { type: "text", id: "assign-ref", placeholder: "image: name:tag, name:version or sha256:…", size: 40 });
     const act = async (what, path, body) => {
       try {
         await api("POST", path, body);
@@ -200,7 +201,21 @@ async function nodeView(view, mac) {
           act("reimage", `/api/v1/nodes/${mac}/reimage`, { reason: reason.value.trim() });
         } } }, "Reimage"),
         el("button", { id: "revalidate", type: "button", on: { click: () =>
-          act("revalidate", `/api/v1/nodes/${mac}/revalidate`) } }, "Revalidate")),
+          act("revalidate", `/api/v1/nodes/${mac}/revalidate`) } }, "Revalidate"),
+        d.bmc ? ["on", "off", "soft-off", "cycle"].map((a) =>
+          el("button", { type: "button", class: "power", "data-action": a, on: { click: () => {
+            if (!reason.value.trim()) { status(`power ${a} needs a reason`, true); return; }
+            act(`power ${a}`, `/api/v1/nodes/${mac}/power`, { action: a, reason: reason.value.trim() });
+          } } }, `Power ${a}`)) : null),
+      el("div", { class: "actions" }, assign,
+        el("button", { id: "assign", type: "button", on: { click: async () => {
+          if (!assign.value.trim()) { status("assign needs an image REF", true); return; }
+          try {
+            await api("PUT", `/api/v1/nodes/${mac}/image`, { image: assign.value.trim() });
+            status(`assigned ${assign.value.trim()} from the next boot`);
+            await draw();
+          } catch (e) { status(`assign: ${e.message}`, true); }
+        } } }, "Assign")),
       el("h2", {}, "GPUs: the last validation"), gpuVerdict(d.validation),
       el("h2", {}, "Boots"), ...(d.boots.length ? d.boots.map(waterfall) : [el("p", {}, "No boot yet.")]),
       el("h2", {}, "History"),
