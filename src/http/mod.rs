@@ -66,16 +66,16 @@ pub const ADMIN_BODY_LIMIT: usize = 1024 * 1024;
 
 /// Every route on one listener.
 pub fn router(state: AppState) -> Router {
-    counted(
-        health()
-            .merge(boot_routes())
-            .merge(admin_api(&state))
-            .merge(console())
-            .route("/metrics", get(metrics::scrape))
-            .route("/metrics/gpus", get(metrics::gpus)),
-        &state,
-    )
-    .with_state(state)
+    counted(boot_routes().merge(operators(&state)), &state).with_state(state)
+}
+
+/// What operators reach: health checks, the admin API, the console and the metrics.
+fn operators(state: &AppState) -> Router<AppState> {
+    health()
+        .merge(admin_api(state))
+        .merge(console())
+        .route("/metrics", get(metrics::scrape))
+        .route("/metrics/gpus", get(metrics::gpus))
 }
 
 /// The operator's console (`/ui/`), its login and its session.
@@ -96,17 +96,9 @@ fn console() -> Router<AppState> {
         .route("/ui/logout", post(ui::logout))
 }
 
-/// The admin API with health checks and metrics, for a listener of its own.
+/// The admin API with health checks, the console and metrics, for a listener of its own.
 pub fn admin_router(state: AppState) -> Router {
-    counted(
-        health()
-            .merge(admin_api(&state))
-            .merge(console())
-            .route("/metrics", get(metrics::scrape))
-            .route("/metrics/gpus", get(metrics::gpus)),
-        &state,
-    )
-    .with_state(state)
+    counted(operators(&state), &state).with_state(state)
 }
 
 /// Every routed request counted and timed by its route template.

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::fake_node::{FakeNode, healthy};
 use crate::harness::*;
+use crate::oci::port_for_a_child as free_port;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 const PROMTOOL: &str = "/usr/bin/promtool";
@@ -158,14 +159,6 @@ impl Prometheus {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn scrape_config(target: std::net::SocketAddr, token_file: &Path) -> String {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::fake_node::{FakeNode, healthy};
 use crate::harness::*;
+use crate::oci::port_for_a_child as free_port;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -30,14 +31,6 @@ impl Drop for Driver {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Driver {
@@ -123,6 +116,21 @@ async fn shot(c: &Client, name: &str) {
     std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
 }
 
+async fn click(c: &Client, id: &str) {
+    c.find(Locator::Id(id))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn type_into(c: &Client, id: &str, text: &str) {
+    let e = c.find(Locator::Id(id)).await.unwrap();
+    e.clear().await.unwrap();
+    e.send_keys(text).await.unwrap();
+}
+
 /// Waits until `css` is on the page and its text satisfies `ok`; returns the text.
 async fn text_when(c: &Client, css: &str, ok: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -193,21 +201,10 @@ async fn an_operator_finds_a_failed_gpu_reimages_the_node_and_rolls_a_tag_back()
     let token = c.wait().for_element(Locator::Id("token")).await.unwrap();
     shot(&c, "0-login").await;
     token.send_keys("not-the-token-at-all").await.unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "login").await;
     text_when(&c, "#login-error", |t| t.contains("refused")).await;
-    let token = c.find(Locator::Id("token")).await.unwrap();
-    token.send_keys(&server.token).await.unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "token", &server.token).await;
+    click(&c, "login").await;
     assert!(
         !c.current_url()
             .await
@@ -246,52 +243,24 @@ async fn an_operator_finds_a_failed_gpu_reimages_the_node_and_rolls_a_tag_back()
 
     // Assign: a REF that does not resolve is refused with the server's reason; one that
     // does is recorded for the next boot.
-    let assign = c.find(Locator::Id("assign-ref")).await.unwrap();
-    assign.send_keys("nope:9").await.unwrap();
-    c.find(Locator::Id("assign"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "assign-ref", "nope:9").await;
+    click(&c, "assign").await;
     text_when(&c, "#status", |t| t.starts_with("assign:")).await;
-    let assign = c.find(Locator::Id("assign-ref")).await.unwrap();
-    assign.clear().await.unwrap();
-    assign.send_keys("demo:2.0").await.unwrap();
-    c.find(Locator::Id("assign"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "assign-ref", "demo:2.0").await;
+    click(&c, "assign").await;
     text_when(&c, "#status", |t| t.contains("assigned demo:2.0")).await;
     let (_, node) = server.json("/api/v1/nodes/52:54:00:00:50:04").await;
     assert_eq!(node["assigned"], "demo:2.0");
 
     // Reimage without a reason: refused in the page. With one: the state changes live.
-    c.find(Locator::Id("reimage"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "reimage").await;
     text_when(&c, "#status", |t| t.contains("needs a reason")).await;
-    c.find(Locator::Id("reimage-reason"))
-        .await
-        .unwrap()
-        .send_keys("GPU 7 missing from the bus")
-        .await
-        .unwrap();
+    type_into(&c, "reimage-reason", "GPU 7 missing from the bus").await;
     // The page must not reload: a marker set now survives only without one.
     c.execute("window.__still_here = true;", vec![])
         .await
         .unwrap();
-    c.find(Locator::Id("reimage"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "reimage").await;
     text_when(&c, "#node-state", |t| t == "reimaging").await;
     let (_, node) = server.json("/api/v1/nodes/52:54:00:00:50:04").await;
     assert_eq!(node["state"], "reimaging");
@@ -332,12 +301,7 @@ async fn an_operator_finds_a_failed_gpu_reimages_the_node_and_rolls_a_tag_back()
     shot(&c, "6-rollouts").await;
 
     // Logging out ends the page's session.
-    c.find(Locator::Id("logout"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "logout").await;
     c.wait().for_element(Locator::Id("token")).await.unwrap();
     c.close().await.unwrap();
 }
