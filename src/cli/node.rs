@@ -395,7 +395,10 @@ async fn watch(
                     print_detail(&d);
                 }
                 OutputFormat::Text => {
-                    println!("--- {}", crate::clock::format_ms(crate::clock::now_ms()));
+                    println!(
+                        "--- {}",
+                        humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                    );
                     print_detail(&d);
                 }
             }
