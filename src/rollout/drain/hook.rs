@@ -57,11 +57,9 @@ impl Hook {
 
 /// The hook's answer to `status`.
 pub fn parse_status(out: &str) -> Result<Drain, DrainError> {
-    match out.split_whitespace().next() {
-        Some("drained") => Ok(Drain::Drained),
-        Some("draining") => Ok(Drain::Draining),
-        Some("not-draining") => Ok(Drain::NotDraining),
-        _ => Err(DrainError(format!(
+    match out.split_whitespace().next().and_then(Drain::from_word) {
+        Some(drain) => Ok(drain),
+        None => Err(DrainError(format!(
             "drain hook status answered {:?}, not drained, draining or not-draining",
             out.chars().take(100).collect::<String>()
         ))),

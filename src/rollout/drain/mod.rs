@@ -64,6 +64,19 @@ pub enum Drain {
     Drained,
 }
 
+impl Drain {
+    /// The word a hook or a webhook answers `status` with: `drained`, `draining` or
+    /// `not-draining`.
+    pub fn from_word(word: &str) -> Option<Drain> {
+        match word {
+            "drained" => Some(Drain::Drained),
+            "draining" => Some(Drain::Draining),
+            "not-draining" => Some(Drain::NotDraining),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct DrainError(pub String);

@@ -159,11 +159,9 @@ pub fn parse_status(text: &str) -> Result<Drain, DrainError> {
     let state = serde_json::from_str::<StatusAnswer>(text)
         .map(|a| a.state)
         .unwrap_or_default();
-    match state.as_str() {
-        "drained" => Ok(Drain::Drained),
-        "draining" => Ok(Drain::Draining),
-        "not-draining" => Ok(Drain::NotDraining),
-        _ => Err(DrainError(format!(
+    match Drain::from_word(&state) {
+        Some(drain) => Ok(drain),
+        None => Err(DrainError(format!(
             "drain webhook status answered {:?}, not {{\"state\": drained|draining|not-draining}}",
             text.chars().take(100).collect::<String>()
         ))),
