@@ -369,3 +369,56 @@ impl Scrape {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(m: &Metrics) -> String {
+        expose::encode(m, &census::Census::default(), 0)
+    }
+
+    #[test]
+    fn check_names_are_bounded_and_known_series_start_at_zero() {
+        let m = Metrics::default();
+        let fresh = text(&m);
+        assert!(
+            fresh.contains(r#"bootfleet_validations_total{result="failed"} 0"#),
+            "{fresh}"
+        );
+        assert!(fresh.contains(r#"bootfleet_reimage_refusals_total{reason="over-budget"} 0"#));
+        assert!(fresh.contains(r#"bootfleet_boot_phase_duration_seconds_count{phase="rootfs"} 0"#));
+        m.validation(false, ["gpu-count", "gpu-count", "bad name\n{}"]);
+        for i in 0..MAX_LABEL_VALUES + 10 {
+            m.validation(false, [format!("check-{i}").as_str()]);
+        }
+        let t = text(&m);
+        assert!(
+            t.contains(r#"bootfleet_validation_failures_total{check="gpu-count"} 1"#),
+            "a verdict counts a check once"
+        );
+        let names = t
+            .lines()
+            .filter(|l| l.starts_with("bootfleet_validation_failures_total{"))
+            .count();
+        assert_eq!(names, MAX_LABEL_VALUES + 1, "the cap, and other");
+        assert!(
+            t.contains(r#"bootfleet_validation_failures_total{check="other"} 12"#),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn requests_count_by_status_class() {
+        let m = Metrics::default();
+        m.http_request("/api/v1/nodes/{mac}", "GET", 404, 10, 0.001);
+        m.http_request("/api/v1/nodes/{mac}", "GET", 200, 90, 0.002);
+        m.http_request("/api/v1/nodes/{mac}", "GET", 204, 0, 0.002);
+        let t = text(&m);
+        assert!(t.contains(r#"bootfleet_http_requests_total{route="/api/v1/nodes/{mac}",method="GET",code="2xx"} 2"#), "{t}");
+        assert!(t.contains(r#"bootfleet_http_requests_total{route="/api/v1/nodes/{mac}",method="GET",code="4xx"} 1"#));
+        assert!(
+            t.contains(r#"bootfleet_http_response_bytes_total{route="/api/v1/nodes/{mac}"} 100"#)
+        );
+    }
+}
