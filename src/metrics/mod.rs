@@ -4,7 +4,8 @@
 //! Every label is a bounded set: route templates (not paths), methods, status classes,
 //! node states, boot phases, validation checks (named by the server's judge, not the
 //! agent), images in use, and the values of the label keys `[metrics] group_labels`
-//! names (capped). Nothing is labelled by request or by node.
+//! names (capped). Nothing in `/metrics` is labelled by request or by node; the per-GPU
+//! series, one per GPU by nature, are apart at `/metrics/gpus` (`gpus.rs`).
 
 pub mod census;
 pub mod expose;

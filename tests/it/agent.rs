@@ -101,14 +101,7 @@ async fn the_agent_takes_a_gpu_node_to_ready_and_an_xid_to_quarantine() {
 
     // Their heartbeats carried each GPU's readings: /metrics/gpus shows them, the XID on
     // the GPU at 5d:00 (index 3) only.
-    let gpus = server
-        .get("/metrics/gpus")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let gpus = server.text("/metrics/gpus").await;
     for line in [
         r#"bootfleet_gpu_temperature_celsius{node="52:54:00:30:00:01",gpu="0"} 31.0"#,
         r#"bootfleet_gpu_power_watts{node="52:54:00:30:00:01",gpu="5"} 73.0"#,

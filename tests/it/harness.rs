@@ -84,6 +84,13 @@ impl TestServer {
         self.http.get(self.url(path)).bearer_auth(&self.token)
     }
 
+    /// GETs an admin path; asserts 200 and returns the body as text (`/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        let r = self.get(path).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.text().await.unwrap()
+    }
+
     pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
         self.http.post(self.url(path)).bearer_auth(&self.token)
     }

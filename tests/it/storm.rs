@@ -102,14 +102,7 @@ async fn a_small_storm_boots_every_node_to_ready_through_the_whole_protocol() {
 
     // And its metrics: DHCP answered each node twice (PXE, then iPXE), TFTP sent each its
     // iPXE, and every phase of every boot was timed.
-    let metrics = server
-        .get("/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.text("/metrics").await;
     let sample = |name: &str| -> f64 {
         metrics
             .lines()
