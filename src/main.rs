@@ -15,6 +15,18 @@ async fn run() -> std::process::ExitCode {
     if !matches!(cli.command, bootfleet::cli::Command::Serve(_)) {
         quiet_on_closed_pipe();
     }
+    if matches!(cli.command, bootfleet::cli::Command::Openapi) {
+        // The document the routes are declared with, so the server's own.
+        use std::io::Write;
+        let printed = std::io::stdout().write_all(bootfleet::http::openapi_json().as_bytes());
+        return match printed {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let output = cli.output;
     match bootfleet::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -83,6 +83,9 @@ pub enum Command {
         /// Where the pages go (created if missing).
         dir: PathBuf,
     },
+    /// Print the HTTP API's OpenAPI document (JSON), as this build serves it at
+    /// `/api/v1/openapi.json`; `docs/openapi.json` is its checked-in copy.
+    Openapi,
 }
 
 /// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
@@ -155,8 +158,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         client::Target::resolve(cli.server, cli.token, cli.data_dir, cli.config.as_deref())?;
     let client = client::Client::new(target)?;
     match cli.command {
-        Command::Serve(_) | Command::Completions { .. } | Command::Man { .. } => {
-            unreachable!("handled above")
+        Command::Serve(_)
+        | Command::Completions { .. }
+        | Command::Man { .. }
+        | Command::Openapi => {
+            unreachable!("handled above (`openapi` by main: the CLI does not name `http`)")
         }
         Command::Image(cmd) => image::run(cmd, &client, cli.output).await,
         Command::Node(cmd) => node::run(cmd, &client, cli.output).await,

@@ -1,7 +1,9 @@
 //! `GET`/`HEAD /blobs/sha256/<hex>`: immutable artifacts, streamed from disk in 1 MiB chunks.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use super::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
@@ -43,6 +45,12 @@ async fn open(
     .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
+#[utoipa::path(
+    get, path = "/blobs/sha256/{hex}", tag = "boot",
+    security(()),
+    params(("hex" = String, Path, description = "The blob's SHA-256, 64 lower-case hex digits"), ("range" = Option<String>, Header, description = "One byte range")),
+    responses((status = 200, description = "The blob", content_type = "application/octet-stream", body = Vec<u8>), (status = 206, description = "The range asked for", content_type = "application/octet-stream", body = Vec<u8>))
+)]
 pub async fn get_blob(
     State(state): State<AppState>,
     Path(hex_digits): Path<String>,

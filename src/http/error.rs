@@ -25,6 +25,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
+    /// A body without the content type the route reads (JSON): 415.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("internal error: {0}")]
     Internal(String),
     /// The disk cannot take what was sent: 507.
@@ -107,6 +110,7 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             // Errors cross the services as text; an unreachable store's keeps its
             // prefix, so that clients (and load balancers) retry another server.
             ApiError::Internal(m) if m.contains(crate::registry::STORE_UNAVAILABLE) => {

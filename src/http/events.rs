@@ -4,8 +4,7 @@
 
 use std::convert::Infallible;
 
-use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{self, KeepAlive, Sse};
 use futures_util::Stream;
@@ -13,11 +12,13 @@ use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::{Json, Query};
 use crate::api::Mac;
 use crate::api::event::EventPage;
 use crate::events::EventError;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Events after this seq (0: from the start).
     since: Option<i64>,
@@ -41,6 +42,11 @@ fn event_error(e: EventError) -> ApiError {
     }
 }
 
+#[utoipa::path(
+    get, path = "/events", tag = "events",
+    params(EventsQuery),
+    responses((status = 200, description = "A page of events after `since`, oldest first", body = EventPage))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Query(q): Query<EventsQuery>,
@@ -56,6 +62,11 @@ pub async fn list(
 
 /// Streams events as they are committed. Starts after `Last-Event-ID`, else after
 /// `since`, else at the newest event (only what happens from now on).
+#[utoipa::path(
+    get, path = "/events/stream", tag = "events",
+    params(EventsQuery, ("last-event-id" = Option<i64>, Header, description = "Resume after this seq")),
+    responses((status = 200, description = "Server-sent events, one per committed event (`id` is its seq)", content_type = "text/event-stream", body = String))
+)]
 pub async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,

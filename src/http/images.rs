@@ -1,8 +1,7 @@
 //! Admin API for images and tags: extract, call the registry, map errors.
 
-use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
@@ -11,11 +10,14 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::{Json, Path, Query};
 use crate::api::image::{Image, ImageDetail, TagRequest};
 use crate::api::refs::{ImageRef, TagName};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PublishQuery {
+    /// A tag to point at the image once published (`name:tag`).
     tag: Option<String>,
 }
 
@@ -34,6 +36,12 @@ fn bad_request(e: impl ToString) -> ApiError {
     ApiError::BadRequest(e.to_string())
 }
 
+#[utoipa::path(
+    post, path = "/images", tag = "images",
+    params(PublishQuery, ("x-bootfleet-actor" = Option<String>, Header, description = "Who publishes, for the tag history")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A bundle: a tar (plain, gzip or zstd) of manifest.json and the artifacts it names; any content type"),
+    responses((status = 201, description = "Published", body = crate::api::image::PublishOutcome), (status = 200, description = "Already published: nothing changed", body = crate::api::image::PublishOutcome))
+)]
 pub async fn publish(
     State(state): State<AppState>,
     Query(q): Query<PublishQuery>,
@@ -65,10 +73,19 @@ pub async fn publish(
     Ok((status, Json(outcome)).into_response())
 }
 
+#[utoipa::path(
+    get, path = "/images", tag = "images",
+    responses((status = 200, description = "Every published image", body = Vec<Image>))
+)]
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Image>>, ApiError> {
     Ok(Json(state.registry.list().await?))
 }
 
+#[utoipa::path(
+    get, path = "/images/{reference}", tag = "images",
+    params(("reference" = String, Path, description = "A digest, name:version or name:tag")),
+    responses((status = 200, description = "The image and its manifest", body = ImageDetail))
+)]
 pub async fn show(
     State(state): State<AppState>,
     Path(r): Path<String>,
@@ -78,6 +95,12 @@ pub async fn show(
     Ok(Json(ImageDetail { image, manifest }))
 }
 
+#[utoipa::path(
+    put, path = "/tags/{name}/{tag}", tag = "images",
+    params(("name" = String, Path), ("tag" = String, Path), ("x-bootfleet-actor" = Option<String>, Header, description = "Who moves the tag, for its history")),
+    request_body = TagRequest,
+    responses((status = 200, description = "The tag and what it pointed at before", body = crate::api::image::TagResult))
+)]
 pub async fn put_tag(
     State(state): State<AppState>,
     Path((name, tag)): Path<(String, String)>,
@@ -91,6 +114,11 @@ pub async fn put_tag(
     Ok(Json(result).into_response())
 }
 
+#[utoipa::path(
+    get, path = "/tags/{name}/{tag}/history", tag = "images",
+    params(("name" = String, Path), ("tag" = String, Path)),
+    responses((status = 200, description = "Every move of the tag, newest first", body = Vec<crate::api::image::TagMove>))
+)]
 pub async fn tag_history(
     State(state): State<AppState>,
     Path((name, tag)): Path<(String, String)>,
@@ -99,19 +127,36 @@ pub async fn tag_history(
     Ok(Json(state.registry.tag_history(&tag).await?).into_response())
 }
 
+#[utoipa::path(
+    get, path = "/tags", tag = "images",
+    responses((status = 200, description = "Every tag and the image it names", body = Vec<crate::api::image::Tag>))
+)]
 pub async fn list_tags(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(state.registry.list_tags().await?).into_response())
 }
 
+#[utoipa::path(
+    post, path = "/blobs/verify", tag = "images",
+    responses((status = 200, description = "Every blob re-hashed: what was quarantined or is missing", body = crate::api::image::VerifyReport))
+)]
 pub async fn verify(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(state.registry.verify().await?).into_response())
 }
 
+#[utoipa::path(
+    post, path = "/blobs/gc", tag = "images",
+    responses((status = 200, description = "Blobs that no image names, removed", body = crate::api::image::GcReport))
+)]
 pub async fn gc(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(state.registry.gc().await?).into_response())
 }
 
 /// `DELETE /api/v1/images/{reference}`: the removed image; 409 naming what uses it.
+#[utoipa::path(
+    delete, path = "/images/{reference}", tag = "images",
+    params(("reference" = String, Path, description = "A digest, name:version or name:tag")),
+    responses((status = 200, description = "The removed image", body = Image), (status = 409, description = "Nodes or tags use the image: named in the reason", body = crate::api::ErrorBody))
+)]
 pub async fn remove(
     State(state): State<AppState>,
     Path(r): Path<String>,
@@ -121,7 +166,8 @@ pub async fn remove(
     Ok(Json(state.registry.remove(&r, runs).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ImportQuery {
     /// The `ImportRequest` as JSON, when the body is the archive.
     spec: Option<String>,
@@ -129,6 +175,12 @@ pub struct ImportQuery {
 
 /// `POST /api/v1/images/import`: a registry pull (JSON body) or an uploaded archive
 /// (`?spec=` JSON, the archive as the body).
+#[utoipa::path(
+    post, path = "/images/import", tag = "images",
+    params(ImportQuery, ("x-bootfleet-actor" = Option<String>, Header, description = "Who imports, for the tag history")),
+    request_body(content = crate::api::image::ImportRequest, description = "A registry pull; or, with `?spec=`, an OCI or Docker archive as the body"),
+    responses((status = 201, description = "Imported and published", body = crate::api::image::ImportOutcome), (status = 200, description = "Already published: nothing changed", body = crate::api::image::ImportOutcome))
+)]
 pub async fn import(
     State(state): State<AppState>,
     Query(q): Query<ImportQuery>,

@@ -3,7 +3,9 @@
 //! checks as TFTP, so no request names a file outside it.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::Path;
 use axum::http::header;
 use axum::response::Response;
 

@@ -30,6 +30,11 @@ fn text(body: String) -> Response {
     (content_type, body).into_response()
 }
 
+#[utoipa::path(
+    get, path = "/metrics", tag = "metrics",
+    security(("admin" = []), ("scrape" = [])),
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String))
+)]
 pub async fn scrape(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -48,6 +53,11 @@ pub async fn scrape(
 
 /// Each GPU's newest heartbeat readings, apart from `/metrics` because it grows with the
 /// fleet (a scrape job of its own, which may run less often).
+#[utoipa::path(
+    get, path = "/metrics/gpus", tag = "metrics",
+    security(("admin" = []), ("scrape" = [])),
+    responses((status = 200, description = "Each GPU's newest heartbeat readings, Prometheus text format 0.0.4", content_type = "text/plain", body = String))
+)]
 pub async fn gpus(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     allowed(&state, &headers)?;
     let snapshot = state.metrics.gpus().snapshot(crate::clock::now_ms());

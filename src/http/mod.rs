@@ -7,10 +7,12 @@ mod blobs;
 mod body;
 mod error;
 mod events;
+mod extract;
 mod images;
 mod ipxe;
 mod metrics;
 mod nodes;
+mod openapi;
 mod power;
 pub mod range;
 mod rollouts;
@@ -19,11 +21,15 @@ mod ui;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get, patch, post, put};
+use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
 use tokio_util::task::TaskTracker;
+use utoipa::OpenApi;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::routes;
 
 pub use error::ApiError;
+pub use openapi::json as openapi_json;
 
 use crate::auth::AdminToken;
 use crate::registry::Registry;
@@ -74,11 +80,11 @@ fn operators(state: &AppState) -> Router<AppState> {
     health()
         .merge(admin_api(state))
         .merge(console())
-        .route("/metrics", get(metrics::scrape))
-        .route("/metrics/gpus", get(metrics::gpus))
+        .merge(routes(metrics_routes()))
 }
 
-/// The operator's console (`/ui/`), its login and its session.
+/// The operator's console (`/ui/`), its login and its session: pages, not API, so not
+/// in the OpenAPI document.
 fn console() -> Router<AppState> {
     Router::new()
         .route(
@@ -125,69 +131,68 @@ pub fn boot_router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The OpenAPI document of every documented route (all but the console's pages and the
+/// iPXE binaries), from the same declarations the listeners route by.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut doc = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(health_routes())
+        .merge(boot_api_routes())
+        .nest("/api/v1", admin_routes())
+        .merge(metrics_routes())
+        .into_openapi();
+    openapi::finish(&mut doc);
+    doc
+}
+
+/// An OpenAPI router's routes, without its document.
+fn routes(r: OpenApiRouter<AppState>) -> Router<AppState> {
+    r.split_for_parts().0
+}
+
+/// A route without the admin body cap: its body is bounded otherwise (a bundle per entry
+/// by `[limits]`, an archive by `[images] max_import_bytes`).
+fn uncapped(
+    (schemas, paths, methods): UtoipaMethodRouter<AppState>,
+) -> UtoipaMethodRouter<AppState> {
+    (schemas, paths, methods.layer(DefaultBodyLimit::disable()))
+}
+
 fn health() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    routes(health_routes())
+}
+
+fn health_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+}
+
+fn metrics_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(metrics::scrape))
+        .routes(routes!(metrics::gpus))
 }
 
 /// Boot scripts, blobs, iPXE binaries, the agent's calls.
 fn boot_routes() -> Router<AppState> {
-    Router::new()
-        .route("/blobs/sha256/{hex}", get(blobs::get_blob))
-        .route("/boot.ipxe", get(nodes::entry))
-        .route("/ipxe/{*name}", get(ipxe::get))
-        .route("/boot/node.ipxe", get(nodes::node_script))
-        .route("/boot/overlay", get(nodes::overlay))
-        .route("/api/v1/agent/attest", post(nodes::attest))
-        .route("/api/v1/agent/heartbeat", post(nodes::heartbeat))
-        .route("/api/v1/agent/validate", post(nodes::validate))
+    // The iPXE binaries are files by name (the TFTP root), not API.
+    routes(boot_api_routes()).route("/ipxe/{*name}", get(ipxe::get))
+}
+
+fn boot_api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(blobs::get_blob))
+        .routes(routes!(nodes::entry))
+        .routes(routes!(nodes::node_script))
+        .routes(routes!(nodes::overlay))
+        .routes(routes!(nodes::attest))
+        .routes(routes!(nodes::heartbeat))
+        .routes(routes!(nodes::validate))
 }
 
 /// The admin API under `/api/v1`, behind the bearer token.
 fn admin_api(state: &AppState) -> Router<AppState> {
-    let admin = Router::new()
-        // Bundle size is bounded per entry by `[limits]`, not by a body cap.
-        .route(
-            "/images",
-            post(images::publish)
-                .layer(DefaultBodyLimit::disable())
-                .get(images::list),
-        )
-        // An archive's size is bounded by `[images] max_import_bytes`, not a body cap.
-        .route(
-            "/images/import",
-            post(images::import).layer(DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/images/{reference}",
-            get(images::show).delete(images::remove),
-        )
-        .route("/tags", get(images::list_tags))
-        .route("/tags/{name}/{tag}", put(images::put_tag))
-        .route("/tags/{name}/{tag}/history", get(images::tag_history))
-        .route("/blobs/verify", post(images::verify))
-        .route("/blobs/gc", post(images::gc))
-        .route("/fleet", get(nodes::fleet))
-        .route("/nodes", get(nodes::list))
-        .route("/nodes/{mac}", get(nodes::show).delete(nodes::remove))
-        .route("/nodes/{mac}/image", put(nodes::assign))
-        .route("/nodes/{mac}/labels", patch(nodes::label))
-        .route("/nodes/{mac}/reimage", post(nodes::reimage))
-        .route("/nodes/{mac}/revalidate", post(nodes::revalidate))
-        .route(
-            "/nodes/{mac}/bmc",
-            put(power::set_bmc).delete(power::clear_bmc),
-        )
-        .route("/nodes/{mac}/power", get(power::status).post(power::act))
-        .route("/bmcs", get(power::registrations).post(power::register))
-        .route("/bmcs/{id}", delete(power::unregister))
-        .route("/bmcs/{id}/power", post(power::act_registered))
-        .route("/rollouts", get(rollouts::list).post(rollouts::start))
-        .route("/rollouts/{id}", get(rollouts::show))
-        .route("/rollouts/{id}/{action}", post(rollouts::act))
-        .route("/events", get(events::list))
-        .route("/events/stream", get(events::stream))
+    let admin = routes(admin_routes())
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -196,12 +201,57 @@ fn admin_api(state: &AppState) -> Router<AppState> {
     Router::new().nest("/api/v1", admin)
 }
 
+/// The admin API's routes, relative to `/api/v1`.
+fn admin_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(uncapped(routes!(images::publish, images::list)))
+        .routes(uncapped(routes!(images::import)))
+        .routes(routes!(images::show, images::remove))
+        .routes(routes!(images::list_tags))
+        .routes(routes!(images::put_tag))
+        .routes(routes!(images::tag_history))
+        .routes(routes!(images::verify))
+        .routes(routes!(images::gc))
+        .routes(routes!(nodes::fleet))
+        .routes(routes!(nodes::list))
+        .routes(routes!(nodes::show, nodes::remove))
+        .routes(routes!(nodes::assign))
+        .routes(routes!(nodes::label))
+        .routes(routes!(nodes::reimage))
+        .routes(routes!(nodes::revalidate))
+        .routes(routes!(power::set_bmc, power::clear_bmc))
+        .routes(routes!(power::status, power::act))
+        .routes(routes!(power::registrations, power::register))
+        .routes(routes!(power::unregister))
+        .routes(routes!(power::act_registered))
+        .routes(routes!(rollouts::list, rollouts::start))
+        .routes(routes!(rollouts::show))
+        .routes(routes!(rollouts::act))
+        .routes(routes!(events::list))
+        .routes(routes!(events::stream))
+        .routes(routes!(openapi::document))
+}
+
+/// `GET /healthz`.
+#[utoipa::path(
+    get, path = "/healthz", tag = "health",
+    security(()),
+    responses((status = 200, description = "The process answers", content_type = "text/plain", body = String))
+)]
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
 /// Ready when the database answers and takes a write, and the blob directory is there
 /// with the free space a publish keeps back.
+#[utoipa::path(
+    get, path = "/readyz", tag = "health",
+    security(()),
+    responses(
+        (status = 200, description = "Ready", body = crate::api::Readiness),
+        (status = 503, description = "Not ready: what is wrong", body = crate::api::Readiness)
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<crate::api::Readiness>) {
     let ok = || "ok".to_string();
     let db = state.registry.ping().await;

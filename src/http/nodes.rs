@@ -1,13 +1,14 @@
 //! Boot routes (open: nodes fetch them) and the admin node API.
 
-use axum::extract::{Path, Query, State};
+use axum::Extension;
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use serde::Deserialize;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::{Json, Path, Query};
 use crate::api::Mac;
 use crate::api::node::{AssignRequest, LabelRequest, Node, NodeDetail, NodeQuery, ReimageRequest};
 use crate::node::boot_guard::Refusal;
@@ -37,6 +38,11 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::Internal(e.to_string())
 }
 
+#[utoipa::path(
+    get, path = "/boot.ipxe", tag = "boot",
+    security(()),
+    responses((status = 200, description = "The iPXE script every node chains first: it fetches its own script by MAC", content_type = "text/plain", body = String))
+)]
 pub async fn entry(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -49,12 +55,20 @@ pub async fn entry(
     ))
 }
 
-#[derive(Deserialize)]
+/// What iPXE sends of itself (`${mac:hexhyp}`, `${uuid}`).
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ScriptQuery {
     mac: Option<String>,
     uuid: Option<String>,
 }
 
+#[utoipa::path(
+    get, path = "/boot/node.ipxe", tag = "boot",
+    security(()),
+    params(ScriptQuery),
+    responses((status = 200, description = "The node's iPXE script: its image, or a refusal that the node shows and retries", content_type = "text/plain", body = String))
+)]
 pub async fn node_script(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -128,6 +142,10 @@ fn admin_error(e: AdminError) -> ApiError {
 
 /// `GET /api/v1/nodes?state=&image=&selector=`.
 /// `GET /api/v1/fleet`: counts by state, image and label group; nodes that need a look.
+#[utoipa::path(
+    get, path = "/fleet", tag = "nodes",
+    responses((status = 200, description = "Counts by state, image and label group, and the nodes that need a look", body = crate::api::node::FleetSummary))
+)]
 pub async fn fleet(
     State(state): State<AppState>,
 ) -> Result<Json<crate::api::node::FleetSummary>, ApiError> {
@@ -142,6 +160,11 @@ pub async fn fleet(
 
 /// The matching nodes (a page of them with `limit`/`offset`); `X-Total-Count` says how
 /// many match in all.
+#[utoipa::path(
+    get, path = "/nodes", tag = "nodes",
+    params(NodeQuery),
+    responses((status = 200, description = "The matching nodes, by MAC", body = Vec<Node>, headers(("x-total-count" = u64, description = "How many nodes match in all"))))
+)]
 pub async fn list(
     State(state): State<AppState>,
     Query(q): Query<NodeQuery>,
@@ -150,6 +173,11 @@ pub async fn list(
     Ok(([("x-total-count", total.to_string())], Json(page)))
 }
 
+#[utoipa::path(
+    get, path = "/nodes/{mac}", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "The node with its state history, boots and last validation", body = NodeDetail))
+)]
 pub async fn show(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -158,7 +186,8 @@ pub async fn show(
     state.nodes.show(&mac).await.map(Json).map_err(admin_error)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct RemoveQuery {
     /// Remove even a node that runs a boot.
     #[serde(default)]
@@ -168,6 +197,11 @@ pub struct RemoveQuery {
 }
 
 /// `DELETE /api/v1/nodes/{mac}?force=&reason=`: the removed node.
+#[utoipa::path(
+    delete, path = "/nodes/{mac}", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address"), RemoveQuery),
+    responses((status = 200, description = "The removed node", body = Node))
+)]
 pub async fn remove(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -184,6 +218,12 @@ pub async fn remove(
 }
 
 /// `PUT /api/v1/nodes/{mac}/image`.
+#[utoipa::path(
+    put, path = "/nodes/{mac}/image", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    request_body = AssignRequest,
+    responses((status = 200, description = "The node with its new assignment, used from its next boot", body = Node))
+)]
 pub async fn assign(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -199,6 +239,12 @@ pub async fn assign(
 }
 
 /// `PATCH /api/v1/nodes/{mac}/labels`.
+#[utoipa::path(
+    patch, path = "/nodes/{mac}/labels", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    request_body = LabelRequest,
+    responses((status = 200, description = "The node with its labels changed", body = Node))
+)]
 pub async fn label(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -214,6 +260,12 @@ pub async fn label(
 }
 
 /// `POST /api/v1/agent/attest`: authenticated by the boot token, not the admin token.
+#[utoipa::path(
+    post, path = "/api/v1/agent/attest", tag = "agent",
+    security(("boot" = [])),
+    request_body = crate::api::agent::AttestRequest,
+    responses((status = 200, description = "The verdict: whether the node runs exactly what its boot fetched", body = crate::api::agent::Verdict))
+)]
 pub async fn attest(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -270,6 +322,11 @@ fn agent_error(e: crate::node::service::attest::AttestError) -> ApiError {
 }
 
 /// `GET /boot/overlay`: a two-stage boot's per-node files, for stage 1 (boot token).
+#[utoipa::path(
+    get, path = "/boot/overlay", tag = "boot",
+    security(("boot" = [])),
+    responses((status = 200, description = "A two-stage boot's per-node files, as a tar archive", content_type = "application/x-tar", body = Vec<u8>))
+)]
 pub async fn overlay(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -288,6 +345,12 @@ pub async fn overlay(
 }
 
 /// `POST /api/v1/agent/heartbeat`: the answer carries the node's next action.
+#[utoipa::path(
+    post, path = "/api/v1/agent/heartbeat", tag = "agent",
+    security(("boot" = [])),
+    request_body = crate::api::agent::HeartbeatRequest,
+    responses((status = 200, description = "The node's next action", body = crate::api::agent::HeartbeatAnswer))
+)]
 pub async fn heartbeat(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -307,6 +370,12 @@ pub async fn heartbeat(
 /// `POST /api/v1/nodes/{mac}/reimage`. Over the disruption budget the answer is 429 with
 /// `Retry-After` (refused, not queued: the caller, often a fleet controller, retries and
 /// stays in charge). The same `Idempotency-Key` gets the first answer again.
+#[utoipa::path(
+    post, path = "/nodes/{mac}/reimage", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address"), ("idempotency-key" = Option<String>, Header, description = "The same key gets the first answer again")),
+    request_body = ReimageRequest,
+    responses((status = 202, description = "Accepted: the node reboots into a new boot", body = crate::api::node::ReimageAccepted), (status = 429, description = "Over the disruption budget: refused, not queued; retry after `Retry-After`", body = crate::api::ErrorBody, headers(("retry-after" = u64, description = "Seconds to wait"))))
+)]
 pub async fn reimage(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -345,6 +414,11 @@ pub async fn reimage(
 }
 
 /// `POST /api/v1/nodes/{mac}/revalidate`: the node's next heartbeat answers "revalidate".
+#[utoipa::path(
+    post, path = "/nodes/{mac}/revalidate", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    responses((status = 202, description = "The node's next heartbeat answers revalidate", body = crate::api::node::RevalidateAccepted))
+)]
 pub async fn revalidate(
     State(state): State<AppState>,
     Path(mac): Path<String>,
@@ -355,6 +429,12 @@ pub async fn revalidate(
 }
 
 /// `POST /api/v1/agent/validate`: the post-boot validation report, by boot token.
+#[utoipa::path(
+    post, path = "/api/v1/agent/validate", tag = "agent",
+    security(("boot" = [])),
+    request_body = crate::api::agent::ValidateRequest,
+    responses((status = 200, description = "The server's judgement of the validation report", body = crate::api::agent::ValidationVerdict))
+)]
 pub async fn validate(
     State(state): State<AppState>,
     headers: HeaderMap,

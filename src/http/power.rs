@@ -1,14 +1,15 @@
 //! The admin API of power control: a node's BMC settings, its power status, and power
 //! actions. Handlers extract, call `power::service`, map its errors.
 
-use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::{Json, Path};
 
 use super::AppState;
 use super::error::ApiError;
 use crate::api::node::{Bmc, Node};
 use crate::api::power::{
-    BmcRegistration, PowerDone, PowerRequest, PowerStatus, RegisteredPowerDone,
+    BmcRegistration, BmcRemoved, PowerDone, PowerRequest, PowerStatus, RegisteredPowerDone,
 };
 use crate::node::reimage::ReimageError;
 use crate::power::service::ActionError;
@@ -34,6 +35,12 @@ fn mapped(e: ActionError) -> ApiError {
 }
 
 /// `PUT /api/v1/nodes/{mac}/bmc`.
+#[utoipa::path(
+    put, path = "/nodes/{mac}/bmc", tag = "power",
+    params(("mac" = crate::api::Mac, Path, description = "The node's MAC address")),
+    request_body = Bmc,
+    responses((status = 200, description = "The node with its BMC", body = Node))
+)]
 pub async fn set_bmc(
     State(state): State<AppState>,
     Path(m): Path<String>,
@@ -49,6 +56,11 @@ pub async fn set_bmc(
 }
 
 /// `DELETE /api/v1/nodes/{mac}/bmc`.
+#[utoipa::path(
+    delete, path = "/nodes/{mac}/bmc", tag = "power",
+    params(("mac" = crate::api::Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "The node without a BMC", body = Node))
+)]
 pub async fn clear_bmc(
     State(state): State<AppState>,
     Path(m): Path<String>,
@@ -63,6 +75,11 @@ pub async fn clear_bmc(
 }
 
 /// `GET /api/v1/nodes/{mac}/power`: what the BMC says, now.
+#[utoipa::path(
+    get, path = "/nodes/{mac}/power", tag = "power",
+    params(("mac" = crate::api::Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "What the BMC says, now", body = PowerStatus))
+)]
 pub async fn status(
     State(state): State<AppState>,
     Path(m): Path<String>,
@@ -72,6 +89,12 @@ pub async fn status(
 }
 
 /// `POST /api/v1/nodes/{mac}/power`: carried out before the answer.
+#[utoipa::path(
+    post, path = "/nodes/{mac}/power", tag = "power",
+    params(("mac" = crate::api::Mac, Path, description = "The node's MAC address")),
+    request_body = PowerRequest,
+    responses((status = 200, description = "Carried out", body = PowerDone))
+)]
 pub async fn act(
     State(state): State<AppState>,
     Path(m): Path<String>,
@@ -87,6 +110,11 @@ pub async fn act(
 }
 
 /// `POST /api/v1/bmcs`: a machine known only by its BMC.
+#[utoipa::path(
+    post, path = "/bmcs", tag = "power",
+    request_body = Bmc,
+    responses((status = 201, description = "Registered: a machine known only by its BMC", body = BmcRegistration))
+)]
 pub async fn register(
     State(state): State<AppState>,
     Json(bmc): Json<Bmc>,
@@ -96,22 +124,37 @@ pub async fn register(
 }
 
 /// `GET /api/v1/bmcs`: the machines registered by their BMC and not matched yet.
+#[utoipa::path(
+    get, path = "/bmcs", tag = "power",
+    responses((status = 200, description = "Machines registered by their BMC and not matched to a node yet", body = Vec<BmcRegistration>))
+)]
 pub async fn registrations(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<BmcRegistration>>, ApiError> {
     state.power.registrations().await.map(Json).map_err(mapped)
 }
 
-/// `DELETE /api/v1/bmcs/{id}`: answers `{"removed": id}`.
+/// `DELETE /api/v1/bmcs/{id}`.
+#[utoipa::path(
+    delete, path = "/bmcs/{id}", tag = "power",
+    params(("id" = i64, Path)),
+    responses((status = 200, description = "`{\"removed\": id}`", body = BmcRemoved))
+)]
 pub async fn unregister(
     State(state): State<AppState>,
     Path(id): Path<i64>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<BmcRemoved>, ApiError> {
     state.power.unregister(id).await.map_err(mapped)?;
-    Ok(Json(serde_json::json!({ "removed": id })))
+    Ok(Json(BmcRemoved { removed: id }))
 }
 
 /// `POST /api/v1/bmcs/{id}/power`.
+#[utoipa::path(
+    post, path = "/bmcs/{id}/power", tag = "power",
+    params(("id" = i64, Path)),
+    request_body = PowerRequest,
+    responses((status = 200, description = "Carried out", body = RegisteredPowerDone))
+)]
 pub async fn act_registered(
     State(state): State<AppState>,
     Path(id): Path<i64>,

@@ -1,8 +1,9 @@
 //! The admin API of rollouts: start, list, show, and pause, resume, abort or roll back.
 //! Handlers extract, call `rollout::service`, map its errors.
 
-use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::{Json, Path};
 
 use super::AppState;
 use super::error::ApiError;
@@ -20,6 +21,11 @@ fn mapped(e: RolloutError) -> ApiError {
 }
 
 /// `POST /api/v1/rollouts`: 201 with the rollout.
+#[utoipa::path(
+    post, path = "/rollouts", tag = "rollouts",
+    request_body = RolloutRequest,
+    responses((status = 201, description = "Started", body = Rollout))
+)]
 pub async fn start(
     State(state): State<AppState>,
     Json(req): Json<RolloutRequest>,
@@ -29,11 +35,20 @@ pub async fn start(
 }
 
 /// `GET /api/v1/rollouts`, newest first.
+#[utoipa::path(
+    get, path = "/rollouts", tag = "rollouts",
+    responses((status = 200, description = "Every rollout, newest first", body = Vec<RolloutSummary>))
+)]
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<RolloutSummary>>, ApiError> {
     state.rollouts.list().await.map(Json).map_err(mapped)
 }
 
 /// `GET /api/v1/rollouts/{id}`.
+#[utoipa::path(
+    get, path = "/rollouts/{id}", tag = "rollouts",
+    params(("id" = i64, Path)),
+    responses((status = 200, description = "The rollout with its nodes and waves", body = Rollout))
+)]
 pub async fn show(
     State(state): State<AppState>,
     Path(id): Path<i64>,
@@ -42,6 +57,12 @@ pub async fn show(
 }
 
 /// `POST /api/v1/rollouts/{id}/{pause|resume|abort|rollback}`.
+#[utoipa::path(
+    post, path = "/rollouts/{id}/{action}", tag = "rollouts",
+    params(("id" = i64, Path), ("action" = String, Path, description = "pause, resume, abort or rollback")),
+    request_body = RolloutAction,
+    responses((status = 200, description = "The rollout after the action", body = Rollout))
+)]
 pub async fn act(
     State(state): State<AppState>,
     Path((id, action)): Path<(i64, String)>,

@@ -3,7 +3,7 @@
 //! token is sent once, in a POST body; it never appears in a URL, and the script never
 //! keeps it.
 
-use axum::Json;
+use super::extract::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

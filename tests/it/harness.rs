@@ -263,6 +263,21 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// The `bootfleet` binary built for these tests.
+/// A PyPI tool the test command installs into a venv of its own under
+/// `/opt/bootfleet-test/VENV` (or where `env` points); a clear failure when it is missing.
+pub fn venv_tool(venv: &str, program: &str, package: &str, env: &str) -> PathBuf {
+    let path = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/opt/bootfleet-test/{venv}/bin/{program}")));
+    assert!(
+        path.exists(),
+        "{program} not found at {}: run the test command (scripts/test), which installs \
+         {package} into /opt/bootfleet-test/{venv}, or set {env}",
+        path.display()
+    );
+    path
+}
+
 pub fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_bootfleet"))
 }

@@ -20,6 +20,7 @@ mod metrics;
 mod nodes;
 mod objects;
 mod oci;
+mod openapi;
 mod pg;
 mod power;
 mod process;

@@ -25,15 +25,12 @@ pub struct Sushy {
 static SHARED: OnceLock<Sushy> = OnceLock::new();
 
 fn emulator_bin() -> PathBuf {
-    let path = std::env::var_os("BOOTFLEET_SUSHY_EMULATOR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/bootfleet-test/sushy/bin/sushy-emulator"));
-    assert!(
-        path.exists(),
-        "sushy-emulator not found at {}: run the test command (scripts/test), which installs sushy-tools 2.2.0 into /opt/bootfleet-test/sushy, or set BOOTFLEET_SUSHY_EMULATOR",
-        path.display()
-    );
-    path
+    super::harness::venv_tool(
+        "sushy",
+        "sushy-emulator",
+        "sushy-tools 2.2.0",
+        "BOOTFLEET_SUSHY_EMULATOR",
+    )
 }
 
 fn sh(dir: &Path, script: &str) {

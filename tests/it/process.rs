@@ -825,6 +825,19 @@ fn completions_and_man_pages_cover_every_command() {
     );
 }
 
+/// `bootfleet openapi` prints, without a server, the checked-in document.
+#[test]
+fn openapi_prints_the_checked_in_document() {
+    let (code, doc, err) = cli_bare(&["openapi"]);
+    assert_eq!(code, 0, "{err}");
+    let checked_in =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).unwrap();
+    assert!(
+        doc == checked_in,
+        "bootfleet openapi differs from docs/openapi.json"
+    );
+}
+
 /// `node show --watch --until ready` follows a node through its boot and ends when it is
 /// ready, one JSON view per change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

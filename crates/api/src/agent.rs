@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Digest, Mac};
 
 /// `POST /api/v1/agent/attest`, with the boot token as bearer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttestRequest {
@@ -19,6 +20,7 @@ pub struct AttestRequest {
 }
 
 /// What the agent reports about the system it booted.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttestReport {
@@ -50,6 +52,7 @@ pub struct AttestReport {
 }
 
 /// One difference between what the boot was given and what the node reported.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mismatch {
     pub field: String,
@@ -57,6 +60,7 @@ pub struct Mismatch {
     pub found: String,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
     pub passed: bool,
@@ -64,6 +68,7 @@ pub struct Verdict {
 }
 
 /// `POST /api/v1/agent/validate`, with the boot token as bearer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValidateRequest {
@@ -73,6 +78,7 @@ pub struct ValidateRequest {
 }
 
 /// PCIe link state: current and maximum generation and width.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PcieLink {
     pub gen_current: u32,
@@ -82,6 +88,7 @@ pub struct PcieLink {
 }
 
 /// ECC error counters (NVML volatile = since driver load, aggregate = lifetime).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EccCounts {
     pub volatile_corrected: u64,
@@ -91,6 +98,7 @@ pub struct EccCounts {
 }
 
 /// Row remapping (NVML field values NVML_FI_DEV_REMAPPED_*), A100 and later.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowRemap {
     pub correctable: u64,
@@ -100,6 +108,7 @@ pub struct RowRemap {
 }
 
 /// Retired pages (pre-A100 page retirement).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetiredPages {
     pub single_bit: u64,
@@ -107,6 +116,7 @@ pub struct RetiredPages {
     pub pending: bool,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvLink {
     pub link: u32,
@@ -116,6 +126,7 @@ pub struct NvLink {
 /// One GPU as the agent saw it through NVML. Every reading is optional: an older GPU or
 /// a failed query leaves it out, and a check that needs it says so. Unknown fields are
 /// accepted: a newer agent may report more than this server judges.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuFacts {
@@ -141,6 +152,7 @@ pub struct GpuFacts {
 }
 
 /// An XID from the kernel log (`NVRM: Xid (PCI:0000:3b:00): 79, ...`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Xid {
     pub code: u32,
@@ -150,6 +162,7 @@ pub struct Xid {
 }
 
 /// An optional check the agent ran (a compute probe, one DCGM diagnostic test...).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckResult {
     pub name: String,
@@ -158,6 +171,7 @@ pub struct CheckResult {
     pub detail: String,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ValidationReport {
@@ -173,6 +187,7 @@ pub struct ValidationReport {
     pub checks: Vec<CheckResult>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
     pub check: String,
@@ -181,6 +196,7 @@ pub struct Failure {
     pub reason: String,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ValidationVerdict {
     pub passed: bool,
@@ -188,6 +204,7 @@ pub struct ValidationVerdict {
 }
 
 /// `POST /api/v1/agent/heartbeat`, with the boot token as bearer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
@@ -216,6 +233,7 @@ pub fn pci_bus_key(id: &str) -> String {
 /// One GPU's readings in a heartbeat: what dcgm-exporter would show of it. Every reading
 /// is optional (a failed query leaves it out); unknown fields are accepted, for newer
 /// agents.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuSample {
@@ -232,6 +250,7 @@ pub struct GpuSample {
 }
 
 /// What the agent reports with each heartbeat (all optional: an agent may send less).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeFacts {
     pub kernel_release: Option<String>,
@@ -246,6 +265,7 @@ pub struct NodeFacts {
     pub gpus: Option<Vec<String>>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Difference {
     pub field: String,
@@ -260,6 +280,7 @@ impl std::fmt::Display for Difference {
 }
 
 /// What the node is to do next, in a heartbeat's answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NextAction {
@@ -270,6 +291,7 @@ pub enum NextAction {
     Reboot,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeartbeatAnswer {
     pub action: NextAction,

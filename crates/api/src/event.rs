@@ -49,6 +49,7 @@ pub mod kind {
     }
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub seq: i64,
@@ -60,6 +61,7 @@ pub struct Event {
 }
 
 /// `GET /api/v1/events`: a page after a cursor.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EventPage {
     pub events: Vec<Event>,
@@ -68,6 +70,7 @@ pub struct EventPage {
 }
 
 /// `data` of a `node.state` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeStateData {
     pub from: Option<crate::NodeState>,
@@ -76,6 +79,7 @@ pub struct NodeStateData {
 }
 
 /// `data` of a `report.refused` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportRefusedData {
     /// `attest`, `validate` or `heartbeat`.
@@ -86,6 +90,7 @@ pub struct ReportRefusedData {
 }
 
 /// `data` of a `reimage.refused` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReimageRefusedData {
     /// Why the disruption budget refused it.
@@ -95,6 +100,7 @@ pub struct ReimageRefusedData {
 }
 
 /// `data` of a `node.removed` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeRemovedData {
     /// The state it was in.
@@ -103,6 +109,7 @@ pub struct NodeRemovedData {
 }
 
 /// `data` of a `node.power` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PowerData {
     /// `on`, `off`, `soft-off`, `cycle`.
@@ -114,12 +121,14 @@ pub struct PowerData {
 }
 
 /// `data` of a `node.bmc` event: the BMC as set, or None when it was removed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BmcSetData {
     pub bmc: Option<crate::power::Bmc>,
 }
 
 /// `data` of an `image.broken` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ImageBrokenData {
     pub image: crate::Digest,
@@ -130,6 +139,7 @@ pub struct ImageBrokenData {
 }
 
 /// The body of one webhook delivery (signed; see the server's `webhook` module).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WebhookDelivery {
     pub events: Vec<Event>,

@@ -9,6 +9,7 @@ use crate::Digest;
 pub const MANIFEST_NAME: &str = "manifest.toml";
 
 /// The boot artifacts' roles; the order here is the canonical order.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -34,6 +35,7 @@ impl Role {
 }
 
 /// One stored artifact of an image.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Artifact {
     pub role: Role,
@@ -43,6 +45,7 @@ pub struct Artifact {
 }
 
 /// An image as listed and shown.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Image {
     pub digest: Digest,
@@ -59,6 +62,7 @@ pub struct Image {
 }
 
 /// `GET /api/v1/images/{ref}`: the image and its manifest as the admin wrote it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageDetail {
     #[serde(flatten)]
@@ -67,6 +71,7 @@ pub struct ImageDetail {
 }
 
 /// A tag and where it points now.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Tag {
     pub tag: String,
@@ -75,6 +80,7 @@ pub struct Tag {
 }
 
 /// One move of a tag: who moved it, when, from where to where.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TagMove {
     pub tag: String,
@@ -91,6 +97,7 @@ pub struct TagMove {
 }
 
 /// `PUT /api/v1/tags/{name}/{tag}`: the REF the tag is to point to.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TagRequest {
@@ -98,6 +105,7 @@ pub struct TagRequest {
 }
 
 /// The answer to a publish (201 when created, 200 when the same content was there).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PublishOutcome {
     pub digest: Digest,
@@ -109,6 +117,7 @@ pub struct PublishOutcome {
     pub tag: Option<TagResult>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TagResult {
     pub tag: String,
@@ -118,6 +127,7 @@ pub struct TagResult {
 }
 
 /// `POST /api/v1/blobs/verify`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct VerifyReport {
     pub checked: usize,
@@ -134,6 +144,7 @@ pub struct VerifyReport {
 }
 
 /// `POST /api/v1/blobs/gc`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GcReport {
     pub removed: Vec<Digest>,
@@ -149,6 +160,7 @@ pub const VERITY_BLOCK: u64 = 4096;
 /// hence of the image digest; stage 1 gets them on the kernel command line
 /// (`bootfleet.verity=`) and the node's kernel checks every block it reads against
 /// `root_hash`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Verity {
@@ -242,6 +254,7 @@ mod verity_tests {
 /// registry (`source` = `docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`, this as the JSON body),
 /// or from an archive in the body (an OCI layout as a tar, an `oci-archive` or a
 /// `docker-archive`; this as the `spec` query parameter, JSON).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ImportRequest {
@@ -282,6 +295,7 @@ pub struct ImportRequest {
 }
 
 /// What an import found in the image and built from it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ImportReport {
     pub kernel_release: String,
@@ -306,6 +320,7 @@ pub struct ImportReport {
 }
 
 /// The answer to an import: the publish's, and the import's report.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ImportOutcome {
     #[serde(flatten)]

@@ -13,6 +13,8 @@ pub mod node;
 pub mod power;
 pub mod refs;
 pub mod rollout;
+#[cfg(feature = "openapi")]
+pub(crate) mod schema;
 
 pub use digest::{Digest, DigestError};
 pub use mac::{Mac, MacError};
@@ -20,6 +22,7 @@ pub use node::NodeState;
 pub use refs::{ImageRef, RefError, TagName};
 
 /// `GET /readyz`: whether the server can serve, and what is wrong when it cannot.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Readiness {
     pub ready: bool,
@@ -34,6 +37,7 @@ pub struct Readiness {
 }
 
 /// The body of every error answer: `{"error": "<reason>"}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ErrorBody {
     pub error: String,

@@ -81,6 +81,7 @@ impl<'de> Deserialize<'de> for NodeState {
 }
 
 /// A node as listed and shown.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
     pub mac: Mac,
@@ -100,6 +101,8 @@ pub struct Node {
 }
 
 /// `GET /api/v1/nodes` query: which nodes to list. Every part given must hold.
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeQuery {
@@ -124,6 +127,7 @@ pub struct NodeQuery {
 }
 
 /// `GET /api/v1/fleet`: the fleet at a glance, for the console's overview.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetSummary {
     pub nodes: u64,
@@ -139,6 +143,7 @@ pub struct FleetSummary {
     pub not_ready: Vec<Node>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Count {
     pub name: String,
@@ -148,6 +153,7 @@ pub struct Count {
 pub use crate::power::Bmc;
 
 /// One state change, with its reason.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StateChange {
     pub from: Option<NodeState>,
@@ -157,6 +163,7 @@ pub struct StateChange {
 }
 
 /// `GET /api/v1/nodes/{mac}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeDetail {
     #[serde(flatten)]
@@ -178,6 +185,7 @@ pub struct NodeDetail {
 }
 
 /// A boot's validation verdict as the node page shows it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastValidation {
     pub boot_id: String,
@@ -191,6 +199,7 @@ pub struct LastValidation {
 }
 
 /// A boot as a timeline: what happened, when, and where it stopped.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
     pub id: String,
@@ -202,6 +211,7 @@ pub struct Timeline {
     pub stopped_at: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     /// `dhcp offer`, `ipxe dhcp ack`, `tftp <file>` (before the script), `script`,
@@ -216,6 +226,7 @@ pub struct Step {
 }
 
 /// `PUT /api/v1/nodes/{mac}/image`: the REF the node boots (resolved at each boot).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssignRequest {
@@ -223,6 +234,7 @@ pub struct AssignRequest {
 }
 
 /// `PATCH /api/v1/nodes/{mac}/labels`: labels to set and to remove, in one write.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabelRequest {
@@ -233,6 +245,7 @@ pub struct LabelRequest {
 }
 
 /// `POST /api/v1/nodes/{mac}/reimage` (an `Idempotency-Key` header is optional).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReimageRequest {
@@ -243,6 +256,7 @@ pub struct ReimageRequest {
 }
 
 /// The answer to an accepted reimage request (202).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReimageAccepted {
     /// `accepted`, `already-reimaging` (nothing changed), or `draining`: the node has a
@@ -255,6 +269,7 @@ pub struct ReimageAccepted {
 }
 
 /// The answer to `POST /api/v1/nodes/{mac}/revalidate` (202).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RevalidateAccepted {
     /// `revalidate-requested`.

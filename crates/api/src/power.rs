@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::Mac;
 
 /// The protocol a BMC speaks.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BmcProtocol {
@@ -29,6 +30,7 @@ impl BmcProtocol {
 
 /// A node's baseboard management controller. Credentials are never stored here, only the
 /// name of the secret that holds them.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bmc {
@@ -57,6 +59,7 @@ pub struct Bmc {
 
 /// A known departure of a BMC from its protocol, set per BMC by the operator: a driver
 /// never guesses one, because a wrong guess hides a real failure.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BmcQuirk {
@@ -100,6 +103,7 @@ impl fmt::Display for Bmc {
 pub type BmcRequest = Bmc;
 
 /// What a power request does.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PowerAction {
@@ -147,6 +151,7 @@ impl fmt::Display for PowerAction {
 }
 
 /// `POST /api/v1/nodes/{mac}/power`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PowerRequest {
@@ -159,6 +164,7 @@ pub struct PowerRequest {
 }
 
 /// A machine's power as its BMC reports it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PowerState {
@@ -185,6 +191,7 @@ impl fmt::Display for PowerState {
 }
 
 /// What a BMC tells about its machine for free.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BmcInventory {
     pub manufacturer: Option<String>,
@@ -199,6 +206,7 @@ pub struct BmcInventory {
 }
 
 /// `GET /api/v1/nodes/{mac}/power`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PowerStatus {
     pub node: Mac,
@@ -209,6 +217,7 @@ pub struct PowerStatus {
 }
 
 /// The answer to a power request that the BMC carried out (200).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PowerDone {
     pub node: Mac,
@@ -222,6 +231,7 @@ pub struct PowerDone {
 }
 
 /// One power action in a node's record, newest first in `NodeDetail.power`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PowerEntry {
     pub at: String,
@@ -274,6 +284,7 @@ mod tests {
 /// A machine known only by its BMC (`POST /api/v1/bmcs` takes a `Bmc`): it can be powered
 /// on into network boot before its MAC is known, and is matched to its node when it
 /// boots, by a NIC MAC or the system UUID its BMC reported.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BmcRegistration {
     pub id: i64,
@@ -286,9 +297,18 @@ pub struct BmcRegistration {
 }
 
 /// `POST /api/v1/bmcs/{id}/power` answers this.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisteredPowerDone {
     pub id: i64,
     pub action: PowerAction,
     pub netboot: Option<String>,
+}
+
+/// `DELETE /api/v1/bmcs/{id}` answers this.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BmcRemoved {
+    /// The registration removed.
+    pub removed: i64,
 }

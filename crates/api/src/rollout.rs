@@ -27,6 +27,16 @@ macro_rules! named {
                 f.write_str(self.as_str())
             }
         }
+        // By hand: the derive cannot read a `rename` that a macro passes it, and would
+        // document the variants' Rust names.
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                crate::schema::names(Self::ALL.iter().map(|v| v.as_str()))
+            }
+        }
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
     };
 }
 
@@ -110,6 +120,7 @@ named! {
 }
 
 /// `POST /api/v1/rollouts`: what to roll out, to which nodes, how fast, and when to stop.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutRequest {
@@ -159,6 +170,7 @@ fn default_on_failure() -> OnFailure {
 }
 
 /// One node of a rollout.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutNode {
     pub mac: Mac,
@@ -175,6 +187,7 @@ pub struct RolloutNode {
 }
 
 /// One wave's progress: how many of its nodes are at each status.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaveProgress {
     pub wave: u32,
@@ -184,6 +197,7 @@ pub struct WaveProgress {
 }
 
 /// A rollout as `GET /api/v1/rollouts/{id}` answers.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rollout {
     pub id: i64,
@@ -201,6 +215,7 @@ pub struct Rollout {
 }
 
 /// A line of `GET /api/v1/rollouts`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutSummary {
     pub id: i64,
@@ -218,6 +233,7 @@ pub struct RolloutSummary {
 }
 
 /// `POST /api/v1/rollouts/{id}/{pause|resume|abort|rollback}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutAction {
@@ -225,6 +241,7 @@ pub struct RolloutAction {
 }
 
 /// `data` of every `rollout.*` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutEventData {
     pub rollout: i64,
