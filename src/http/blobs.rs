@@ -48,7 +48,7 @@ async fn open(
 #[utoipa::path(
     get, path = "/blobs/sha256/{hex}", tag = "boot",
     security(()),
-    params(("hex" = String, Path, description = "The blob's SHA-256, 64 lower-case hex digits"), ("range" = Option<String>, Header, description = "One byte range")),
+    params(("hex" = String, Path, description = "The blob's SHA-256, 64 lower-case hex digits", pattern = "^[0-9a-f]{64}$"), ("range" = Option<String>, Header, description = "One byte range")),
     responses((status = 200, description = "The blob", content_type = "application/octet-stream", body = Vec<u8>), (status = 206, description = "The range asked for", content_type = "application/octet-stream", body = Vec<u8>))
 )]
 pub async fn get_blob(

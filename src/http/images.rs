@@ -83,7 +83,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<Image>>, Api
 
 #[utoipa::path(
     get, path = "/images/{reference}", tag = "images",
-    params(("reference" = String, Path, description = "A digest, name:version or name:tag")),
+    params(("reference" = String, Path, description = "A digest (`sha256:` and at least 8 of its first hex digits), name:version or name:tag", pattern = "^(sha256:[0-9a-f]{8,64}|[a-z0-9][a-z0-9._-]{0,127}:[A-Za-z0-9][A-Za-z0-9._+-]{0,127})$")),
     responses((status = 200, description = "The image and its manifest", body = ImageDetail))
 )]
 pub async fn show(
@@ -97,7 +97,7 @@ pub async fn show(
 
 #[utoipa::path(
     put, path = "/tags/{name}/{tag}", tag = "images",
-    params(("name" = String, Path), ("tag" = String, Path), ("x-bootfleet-actor" = Option<String>, Header, description = "Who moves the tag, for its history")),
+    params(("name" = String, Path, description = "The image name", pattern = "^[a-z0-9][a-z0-9._-]{0,127}$"), ("tag" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$"), ("x-bootfleet-actor" = Option<String>, Header, description = "Who moves the tag, for its history")),
     request_body = TagRequest,
     responses((status = 200, description = "The tag and what it pointed at before", body = crate::api::image::TagResult))
 )]
@@ -116,7 +116,7 @@ pub async fn put_tag(
 
 #[utoipa::path(
     get, path = "/tags/{name}/{tag}/history", tag = "images",
-    params(("name" = String, Path), ("tag" = String, Path)),
+    params(("name" = String, Path, description = "The image name", pattern = "^[a-z0-9][a-z0-9._-]{0,127}$"), ("tag" = String, Path, pattern = "^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")),
     responses((status = 200, description = "Every move of the tag, newest first", body = Vec<crate::api::image::TagMove>))
 )]
 pub async fn tag_history(
@@ -154,7 +154,7 @@ pub async fn gc(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// `DELETE /api/v1/images/{reference}`: the removed image; 409 naming what uses it.
 #[utoipa::path(
     delete, path = "/images/{reference}", tag = "images",
-    params(("reference" = String, Path, description = "A digest, name:version or name:tag")),
+    params(("reference" = String, Path, description = "A digest (`sha256:` and at least 8 of its first hex digits), name:version or name:tag", pattern = "^(sha256:[0-9a-f]{8,64}|[a-z0-9][a-z0-9._-]{0,127}:[A-Za-z0-9][A-Za-z0-9._+-]{0,127})$")),
     responses((status = 200, description = "The removed image", body = Image), (status = 409, description = "Nodes or tags use the image: named in the reason", body = crate::api::ErrorBody))
 )]
 pub async fn remove(
