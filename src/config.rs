@@ -86,6 +86,9 @@ pub struct FileConfig {
     /// `[metrics]`: label groups and a scrape-only token for `/metrics`.
     #[serde(default)]
     pub metrics: crate::metrics::MetricsSettings,
+    /// `[health]`: the rules that judge heartbeat readings over time, and their actions.
+    #[serde(default)]
+    pub health: crate::health::HealthSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -235,6 +238,7 @@ pub struct ServerConfig {
     pub rollouts: crate::rollout::run::RolloutSettings,
     pub drain: crate::rollout::drain::DrainSettings,
     pub metrics: crate::metrics::MetricsSettings,
+    pub health: crate::health::HealthSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -304,6 +308,7 @@ impl ServerConfig {
             rollouts: file.rollouts,
             drain: file.drain,
             metrics: file.metrics,
+            health: file.health,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod events;
+pub mod health;
 pub mod heap;
 pub mod http;
 pub mod http_client;

@@ -58,6 +58,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         None => crate::boot::overlay::Overlay::default(),
     };
     cfg.lifecycle.check().map_err(anyhow::Error::msg)?;
+    cfg.health.check().map_err(anyhow::Error::msg)?;
     let webhooks = cfg
         .webhooks
         .iter()
@@ -110,6 +111,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         guard: crate::node::boot_guard::BootGuard::new(cfg.boots.clone()),
         addresses: Default::default(),
         preboot: Default::default(),
+        health: std::sync::Arc::new(crate::health::Health::new(cfg.health.clone())),
     };
     let secrets = cfg
         .power

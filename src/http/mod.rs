@@ -219,6 +219,7 @@ fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::label))
         .routes(routes!(nodes::reimage))
         .routes(routes!(nodes::revalidate))
+        .routes(routes!(nodes::health))
         .routes(routes!(power::set_bmc, power::clear_bmc))
         .routes(routes!(power::status, power::act))
         .routes(routes!(power::registrations, power::register))

@@ -186,6 +186,26 @@ pub async fn show(
     state.nodes.show(&mac).await.map(Json).map_err(admin_error)
 }
 
+/// `GET /api/v1/nodes/{mac}/health`: the current boot's readings and the verdicts that
+/// hold, as this server heard them.
+#[utoipa::path(
+    get, path = "/nodes/{mac}/health", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "The node's recent readings and health verdicts", body = crate::api::health::NodeHealth))
+)]
+pub async fn health(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+) -> Result<Json<crate::api::health::NodeHealth>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    let health = state.nodes.health_of(&mac).await.map_err(admin_error)?;
+    health.map(Json).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "no readings of {mac} on this server yet: its agent's heartbeats bring them"
+        ))
+    })
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct RemoveQuery {

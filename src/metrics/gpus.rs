@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::api::Mac;
-use crate::api::agent::GpuSample;
+use crate::api::agent::{GpuSample, RECENT_XIDS};
 
 /// A node silent this long (several heartbeat intervals) drops out of the export.
 pub const STALE_MS: i64 = 5 * 60_000;
@@ -43,6 +43,11 @@ fn cut(s: &str) -> String {
     s.chars().take(MAX_TEXT).collect()
 }
 
+/// A client's list of names, bounded like its texts: at most 16, each cut.
+fn short_list(names: &[String]) -> Vec<String> {
+    names.iter().take(16).map(|n| cut(n)).collect()
+}
+
 impl GpuTelemetry {
     /// Keeps `gpus` as the node's readings now; an empty list forgets the node's.
     pub fn record(&self, mac: Mac, hostname: Option<&str>, gpus: &[GpuSample], now_ms: i64) {
@@ -64,6 +69,9 @@ impl GpuTelemetry {
                 uuid: cut(&g.uuid),
                 name: cut(&g.name),
                 pci_bus_id: g.pci_bus_id.as_deref().map(cut),
+                recent_xids: g.recent_xids.iter().take(RECENT_XIDS).copied().collect(),
+                throttle_reasons: g.throttle_reasons.as_ref().map(|r| short_list(r)),
+                missing: short_list(&g.missing),
                 ..g.clone()
             })
             .collect();
@@ -194,6 +202,7 @@ mod tests {
             power_w: Some(70.5),
             ecc: None,
             xids: 1,
+            ..Default::default()
         }
     }
 

@@ -370,7 +370,29 @@ fn gpu_samples(uuids: &[String]) -> Vec<crate::api::agent::GpuSample> {
             temperature_c: Some(34 + i as u32),
             power_w: Some(71.5 + i as f64),
             ecc: Some(Default::default()),
-            xids: 0,
+            sm_clock_mhz: Some(1980),
+            sm_clock_max_mhz: Some(1980),
+            throttle_reasons: Some(vec![]),
+            row_remap: Some(Default::default()),
+            pcie_replay: Some(0),
+            nvlink_errors: Some(0),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// One InfiniBand port a GPU, as an HGX node has them: up at 400 Gb/s, no errors.
+fn ib_samples(count: usize) -> Vec<crate::api::agent::IbPortSample> {
+    (0..count)
+        .map(|i| crate::api::agent::IbPortSample {
+            port: format!("mlx5_{i}/1"),
+            state: Some("ACTIVE".into()),
+            rate_gbps: Some(400.0),
+            link_downed: Some(0),
+            symbol_errors: Some(0),
+            link_error_recovery: Some(0),
+            rcv_errors: Some(0),
+            missing: vec![],
         })
         .collect()
 }
@@ -394,6 +416,7 @@ pub(crate) async fn heartbeat(
             gpus: Some(booted.uuids.clone()),
         }),
         gpus: gpu_samples(&booted.uuids),
+        ib_ports: ib_samples(booted.uuids.len()),
     };
     let answer: HeartbeatAnswer = booted
         .agent(http)

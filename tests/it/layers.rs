@@ -22,6 +22,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("image", &["api", "clock", "http_client"]),
     ("store", &["api", "clock"]),
     ("leader", &["clock", "store"]),
+    ("health", &["api", "clock"]),
     (
         "metrics",
         &["api", "auth", "clock", "dhcp", "store", "tftp"],
@@ -34,7 +35,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "node",
         &[
-            "api", "clock", "boot", "dhcp", "image", "leader", "metrics", "registry", "store",
+            "api", "clock", "boot", "dhcp", "health", "image", "leader", "metrics", "registry",
+            "store",
         ],
     ),
     (
@@ -66,8 +68,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "api", "dhcp", "events", "http", "image", "metrics", "node", "power", "rollout",
-            "store", "tftp",
+            "api", "dhcp", "events", "health", "http", "image", "metrics", "node", "power",
+            "rollout", "store", "tftp",
         ],
     ),
     (
@@ -80,6 +82,7 @@ const RULES: &[(&str, &[&str])] = &[
             "config",
             "dhcp",
             "events",
+            "health",
             "heap",
             "http",
             "http_client",

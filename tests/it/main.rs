@@ -11,6 +11,7 @@ mod e2e;
 mod fake_node;
 mod fuzz;
 mod harness;
+mod health;
 mod import;
 mod ipmi;
 mod layers;

@@ -85,6 +85,50 @@ pub fn cuda_version(text: &str) -> Option<String> {
     Some(v.get("cuda")?.get("version")?.as_str()?.to_string())
 }
 
+/// `400 Gb/sec (4X NDR)` as 400.0.
+fn rate_gbps(text: &str) -> Option<f64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Each InfiniBand port's state, rate and error counters for a heartbeat; a reading that
+/// cannot be taken is named in `missing`, never left looking healthy.
+pub fn ib_samples(root: &Path) -> Vec<bootfleet_api::agent::IbPortSample> {
+    let mut out = Vec::new();
+    for device in dir_names(root, "sys/class/infiniband") {
+        for port in dir_names(root, &format!("sys/class/infiniband/{device}/ports")) {
+            let base = format!("sys/class/infiniband/{device}/ports/{port}");
+            let mut missing = Vec::new();
+            let mut text = |name: &str, path: &str| {
+                let v = trimmed(root, &format!("{base}/{path}"));
+                if v.is_none() {
+                    missing.push(name.to_string());
+                }
+                v
+            };
+            // `4: ACTIVE`: the word after the number.
+            let state =
+                text("state", "state").map(|s| s.rsplit(' ').next().unwrap_or(&s).to_string());
+            let rate = text("rate", "rate");
+            let mut count = |name: &str| text(name, &format!("counters/{name}"))?.parse().ok();
+            let link_downed = count("link_downed");
+            let symbol_errors = count("symbol_error");
+            let link_error_recovery = count("link_error_recovery");
+            let rcv_errors = count("port_rcv_errors");
+            out.push(bootfleet_api::agent::IbPortSample {
+                port: format!("{device}/{port}"),
+                state,
+                rate_gbps: rate.as_deref().and_then(rate_gbps),
+                link_downed,
+                symbol_errors,
+                link_error_recovery,
+                rcv_errors,
+                missing,
+            });
+        }
+    }
+    out
+}
+
 pub fn collect(root: &Path) -> SystemFacts {
     let mut modules = BTreeMap::new();
     for line in read(root, "proc/modules").unwrap_or_default().lines() {

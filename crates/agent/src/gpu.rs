@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use bootfleet_api::agent::{
-    EccCounts, GpuFacts, GpuSample, NvLink, PcieLink, RetiredPages, RowRemap, ValidationReport,
-    Xid, pci_bus_key,
+    EccCounts, GpuFacts, GpuSample, NvLink, PcieLink, RECENT_XIDS, RetiredPages, RowRemap,
+    ValidationReport, Xid, pci_bus_key,
 };
 
 /// Readings for the validation report; XIDs and checks are added by the caller.
@@ -38,10 +38,24 @@ pub fn samples(gpus: &[GpuFacts], xids: &[Xid]) -> Vec<GpuSample> {
     gpus.iter()
         .map(|g| {
             let bus = g.pci_bus_id.as_deref().map(pci_bus_key);
-            let xids = xids
+            let codes: Vec<u32> = xids
                 .iter()
                 .filter(|x| bus.is_some() && x.pci_bus_id.as_deref().map(pci_bus_key) == bus)
-                .count() as u64;
+                .map(|x| x.code)
+                .collect();
+            let recent = codes[codes.len().saturating_sub(RECENT_XIDS)..].to_vec();
+            // What NVML did not answer, by the name the server's rules use.
+            let missing = [
+                ("temperature", g.temperature_c.is_none()),
+                ("power", g.power_w.is_none()),
+                ("ecc", g.ecc.is_none()),
+                ("sm_clock", g.sm_clock_mhz.is_none()),
+                ("pcie_replay", g.pcie_replay.is_none()),
+            ]
+            .into_iter()
+            .filter(|(_, gone)| *gone)
+            .map(|(name, _)| name.to_string())
+            .collect();
             GpuSample {
                 index: g.index,
                 uuid: g.uuid.clone(),
@@ -50,7 +64,16 @@ pub fn samples(gpus: &[GpuFacts], xids: &[Xid]) -> Vec<GpuSample> {
                 temperature_c: g.temperature_c,
                 power_w: g.power_w,
                 ecc: g.ecc,
-                xids,
+                xids: codes.len() as u64,
+                recent_xids: recent,
+                sm_clock_mhz: g.sm_clock_mhz,
+                sm_clock_max_mhz: g.sm_clock_max_mhz,
+                // NVML answered (even with none) unless the GPU errored.
+                throttle_reasons: g.error.is_none().then(|| g.throttle_reasons.clone()),
+                row_remap: g.row_remap,
+                pcie_replay: g.pcie_replay,
+                nvlink_errors: g.nvlink_errors,
+                missing,
             }
         })
         .collect()
@@ -195,11 +218,31 @@ fn read_gpu(nvml: &nvml_wrapper::Nvml, index: u32) -> GpuFacts {
             .map(|(name, _)| name.to_string())
             .collect();
     }
+    {
+        use nvml_wrapper::enum_wrappers::device::Clock;
+        g.sm_clock_mhz = device.clock_info(Clock::SM).ok();
+        g.sm_clock_max_mhz = device.max_clock_info(Clock::SM).ok();
+    }
+    g.pcie_replay = device.pcie_replay_counter().ok().map(u64::from);
+    let mut nvlink_errors: Option<u64> = None;
     for link in 0..MAX_NVLINKS {
-        if let Ok(active) = device.link_wrapper_for(link).is_active() {
+        let wrapper = device.link_wrapper_for(link);
+        if let Ok(active) = wrapper.is_active() {
             g.nvlinks.push(NvLink { link, active });
+            use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+            for counter in [
+                ErrorCounter::DlCrcFlit,
+                ErrorCounter::DlCrcData,
+                ErrorCounter::DlReplay,
+                ErrorCounter::DlRecovery,
+            ] {
+                if let Ok(n) = wrapper.error_counter(counter) {
+                    *nvlink_errors.get_or_insert(0) += n;
+                }
+            }
         }
     }
+    g.nvlink_errors = nvlink_errors;
     g
 }
 

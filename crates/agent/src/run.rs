@@ -224,6 +224,7 @@ impl Agent {
                 gpus: Some(gpus),
             }),
             gpus: samples,
+            ib_ports: super::facts::ib_samples(&self.root),
         };
         let (status, answer) = self.post("/api/v1/agent/heartbeat", &body).await;
         Self::say("heartbeat", status, &answer);

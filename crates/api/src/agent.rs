@@ -144,6 +144,12 @@ pub struct GpuFacts {
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
     pub throttle_reasons: Vec<String>,
+    pub sm_clock_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
+    /// PCIe replays since the driver loaded.
+    pub pcie_replay: Option<u64>,
+    /// NVLink errors summed over the links (CRC flit, CRC data, replay, recovery).
+    pub nvlink_errors: Option<u64>,
     pub persistence_mode: Option<bool>,
     pub mig_enabled: Option<bool>,
     pub nvlinks: Vec<NvLink>,
@@ -213,10 +219,17 @@ pub struct HeartbeatRequest {
     /// What the node runs now; compared with the attested baseline when the node is ready.
     #[serde(default)]
     pub facts: Option<NodeFacts>,
-    /// Each GPU's readings now, for the server's metrics (`/metrics/gpus`).
+    /// Each GPU's readings now, for the server's metrics (`/metrics/gpus`) and its health
+    /// rules (`[health]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuSample>,
+    /// Each InfiniBand port's readings now (from sysfs), for the health rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ib_ports: Vec<IbPortSample>,
 }
+
+/// The most XID codes a sample carries (`GpuSample::recent_xids`).
+pub const RECENT_XIDS: usize = 16;
 
 /// A PCI address as `bus:device`, whatever its spelling: NVML's `00000000:3B:00.0` and
 /// the kernel log's `0000:3b:00` name one GPU.
@@ -247,6 +260,46 @@ pub struct GpuSample {
     pub ecc: Option<EccCounts>,
     /// XIDs the kernel logged for this GPU since the node booted.
     pub xids: u64,
+    /// The codes of the newest of those XIDs, oldest first (at most `RECENT_XIDS`): the
+    /// server takes the ones past the count it saw last as new.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recent_xids: Vec<u32>,
+    /// The SM clock now and its maximum, MHz.
+    pub sm_clock_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
+    /// Why the clocks are held down now, NVML's names (`HW_THERMAL_SLOWDOWN`,
+    /// `SW_THERMAL_SLOWDOWN`, `SW_POWER_CAP`...); None when it could not be read.
+    pub throttle_reasons: Option<Vec<String>>,
+    pub row_remap: Option<RowRemap>,
+    /// PCIe replays since the driver loaded.
+    pub pcie_replay: Option<u64>,
+    /// NVLink errors summed over the GPU's links (CRC flit, CRC data, replay, recovery).
+    pub nvlink_errors: Option<u64>,
+    /// Readings that could not be taken, by name (`sm_clock`, `ecc`, `throttle_reasons`,
+    /// ...): never healthy by default.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// One InfiniBand port as sysfs shows it (`/sys/class/infiniband/DEV/ports/N`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IbPortSample {
+    /// `mlx5_0/1`: the device and the port number.
+    pub port: String,
+    /// `ACTIVE`, `DOWN`, `INIT`... (the word of `state`).
+    pub state: Option<String>,
+    /// The link rate, Gb/s.
+    pub rate_gbps: Option<f64>,
+    /// `counters/link_downed`: times the link went down (since the driver loaded).
+    pub link_downed: Option<u64>,
+    pub symbol_errors: Option<u64>,
+    pub link_error_recovery: Option<u64>,
+    pub rcv_errors: Option<u64>,
+    /// Readings that could not be taken, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 /// What the agent reports with each heartbeat (all optional: an agent may send less).

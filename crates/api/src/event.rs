@@ -37,6 +37,12 @@ pub mod kind {
     /// A node was handed back to its scheduler after it was ready again (or its
     /// scheduler refused: the reason says so).
     pub const ROLLOUT_NODE_RESUMED: &str = "rollout.node-resumed";
+    /// A `[health]` rule's verdict on a node: `HealthVerdict` (rule, action, subject,
+    /// summary, readings).
+    pub const HEALTH_VERDICT: &str = "health.verdict";
+    /// A node quarantined by a health rule needs hands on the hardware: the verdict with
+    /// its evidence, for the ticketing system (webhooks deliver it like every event).
+    pub const HEALTH_TICKET: &str = "health.ticket";
     /// A rollout changed state: `rollout.` and the state (`rollout.paused`,
     /// `rollout.halted`, `rollout.finished`, ...), from `rollout_state`.
     pub fn rollout_state(state: crate::rollout::RolloutState) -> String {

@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod digest;
 pub mod event;
+pub mod health;
 pub mod image;
 pub mod mac;
 pub mod node;

@@ -182,6 +182,10 @@ pub struct NodeDetail {
     /// The newest validation verdict among the last boots: each failing check, by GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<LastValidation>,
+    /// The current boot's recent readings and the health verdicts that hold, as this
+    /// server heard them (absent before its first heartbeat here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::NodeHealth>,
 }
 
 /// A boot's validation verdict as the node page shows it.

@@ -93,6 +93,17 @@ impl NodeService {
         Ok((page, total))
     }
 
+    /// The node's readings and health verdicts; None before its first heartbeat here.
+    pub async fn health_of(
+        &self,
+        mac: &Mac,
+    ) -> Result<Option<crate::api::health::NodeHealth>, AdminError> {
+        if self.store.node(mac).await?.is_none() {
+            return Err(AdminError::NotFound(format!("no node {mac}")));
+        }
+        Ok(self.health.view(mac))
+    }
+
     pub async fn show(&self, mac: &Mac) -> Result<NodeDetail, AdminError> {
         let store = &self.store;
         let node = store
@@ -116,6 +127,7 @@ impl NodeService {
             });
         Ok(NodeDetail {
             validation,
+            health: self.health.view(mac),
             node: node.into(),
             history: store.node_history(mac).await?,
             boots,
@@ -156,7 +168,10 @@ impl NodeService {
     pub async fn remove(&self, mac: &Mac, reason: &str, force: bool) -> Result<Node, AdminError> {
         use crate::node::controller::ControlError;
         match self.controller.remove(mac, reason, force).await {
-            Ok(node) => Ok(node.into()),
+            Ok(node) => {
+                self.health.forget(mac);
+                Ok(node.into())
+            }
             Err(ControlError::UnknownNode(m)) => Err(AdminError::NotFound(format!("no node {m}"))),
             Err(e @ ControlError::InUse(..)) => Err(AdminError::Conflict(e.to_string())),
             Err(e) => Err(AdminError::Internal(e.to_string())),

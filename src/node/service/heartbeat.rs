@@ -57,12 +57,15 @@ impl NodeService {
         store.record_heartbeat(&req.mac).await?;
         let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
         let mac = &req.mac;
-        self.controller.metrics().gpus().record(
-            *mac,
-            node.hostname.as_deref(),
-            &req.gpus,
-            crate::clock::now_ms(),
-        );
+        let now_ms = crate::clock::now_ms();
+        self.controller
+            .metrics()
+            .gpus()
+            .record(*mac, node.hostname.as_deref(), &req.gpus, now_ms);
+        let verdicts = self.health.observe(req, &node.labels, now_ms);
+        if let Some(action) = self.act_on_health(&node, &req.boot_id, verdicts).await? {
+            return Ok(answer(action, vec![]));
+        }
         match node.state {
             NodeState::Reimaging => return Ok(answer(NextAction::Reboot, vec![])),
             NodeState::Unreachable => {

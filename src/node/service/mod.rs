@@ -8,6 +8,7 @@ pub mod admin;
 pub mod attest;
 pub mod fetches;
 pub mod fleet;
+pub mod health;
 pub mod heartbeat;
 pub mod overlay;
 pub mod timeline;
@@ -61,6 +62,8 @@ pub struct NodeService {
     pub addresses: std::sync::OnceLock<Arc<dyn crate::dhcp::directory::AddressBook>>,
     /// DHCP answers and TFTP transfers since each node's last script.
     pub preboot: Arc<crate::node::preboot::Preboot>,
+    /// Each node's readings over time and the `[health]` rules' verdicts on them.
+    pub health: Arc<crate::health::Health>,
 }
 
 /// What a boot needs of an image, parsed once per digest.

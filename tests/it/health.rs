@@ -1,0 +1,295 @@
+//! Fleet health over time, through the HTTP API as agents report it: 100 fake nodes boot
+//! to ready and heartbeat with telemetry replayed from a fixture
+//! (`tests/fixtures/gpu/hgx-h100-telemetry.synthesised.json`), a few of them going wrong
+//! in one way each. Each rule's verdict lands on its node alone, with the readings that
+//! tripped it, and its action is carried out; no healthy node is judged. Windows are
+//! seconds here (minutes and hours in a fleet): the rules are the same.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bootfleet::health::{Action, Condition, HealthSettings, Rule};
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+
+use crate::fake_node::{Boot, FakeNode, healthy};
+use crate::harness::{TestServer, good_bundle, noise};
+
+fn telemetry() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gpu/hgx-h100-telemetry.synthesised.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn rule(name: &str, when: Condition, action: Action) -> Rule {
+    Rule {
+        name: name.into(),
+        when,
+        action,
+        labels: BTreeMap::new(),
+    }
+}
+
+fn rules() -> HealthSettings {
+    HealthSettings {
+        rules: vec![
+            rule(
+                "fatal-xid",
+                Condition::Xid { codes: vec![79] },
+                Action::Quarantine,
+            ),
+            rule(
+                "ecc-rising",
+                // More than 100 corrected errors in 10 s.
+                Condition::EccCorrectedRate {
+                    per_hour: 36_000.0,
+                    over_secs: 10,
+                },
+                Action::Revalidate,
+            ),
+            rule(
+                "ib-flapping",
+                Condition::IbLinkDown {
+                    count: 5,
+                    over_secs: 3600,
+                },
+                Action::Reimage,
+            ),
+            rule(
+                "hot",
+                Condition::Throttled {
+                    for_secs: 2,
+                    reasons: vec!["HW_THERMAL_SLOWDOWN".into()],
+                },
+                Action::Flag,
+            ),
+            rule(
+                "blind",
+                Condition::ReadingMissing { for_secs: 2 },
+                Action::Flag,
+            ),
+        ],
+        keep_readings: 4,
+    }
+}
+
+/// What each sick node does wrong, in round `round` of heartbeats.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Sick {
+    Hot,
+    EccRising,
+    Flapping,
+    Xid79,
+    Blind,
+}
+
+const SICK: [Sick; 5] = [
+    Sick::Hot,
+    Sick::EccRising,
+    Sick::Flapping,
+    Sick::Xid79,
+    Sick::Blind,
+];
+
+fn heartbeat_body(boot: &Boot, mac: &str, sick: Option<Sick>, round: u64) -> Value {
+    let mut t = telemetry();
+    let g = &mut t["gpus"][2];
+    match sick {
+        Some(Sick::Hot) => {
+            g["throttle_reasons"] = json!(["HW_THERMAL_SLOWDOWN"]);
+            g["temperature_c"] = json!(91);
+            g["sm_clock_mhz"] = json!(1110);
+        }
+        Some(Sick::EccRising) => {
+            g["ecc"]["volatile_corrected"] = json!(60 * round);
+        }
+        Some(Sick::Flapping) => t["ib_ports"][5]["link_downed"] = json!(round),
+        Some(Sick::Xid79) if round >= 2 => {
+            g["xids"] = json!(1);
+            g["recent_xids"] = json!([79]);
+        }
+        Some(Sick::Blind) => {
+            g["ecc"] = Value::Null;
+            g["missing"] = json!(["ecc"]);
+        }
+        _ => {}
+    }
+    json!({ "boot_id": boot.id, "mac": mac.replace('-', ":"),
+        "gpus": t["gpus"], "ib_ports": t["ib_ports"] })
+}
+
+async fn verdicts_of(server: &TestServer, mac: &str) -> Vec<Value> {
+    let (status, page) = server
+        .json(&format!("/api/v1/events?since=0&limit=1000&node={mac}"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "health.verdict" || e["kind"] == "health.ticket")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_rules_judge_a_fleet_over_time_and_act_on_the_sick_alone() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.health = rules();
+        // The IB node's reimage must fit the disruption budget.
+        cfg.budget.max_total = 10;
+    })
+    .await;
+    let (status, image) = server
+        .publish_query(
+            good_bundle("demo", "1", &noise(20_000, 7)),
+            "?tag=demo:stable",
+        )
+        .await;
+    assert_eq!(status, 201, "{image}");
+    let macs: Vec<String> = (0..100)
+        .map(|i| format!("52-54-00-22-00-{i:02x}"))
+        .collect();
+    let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
+    for n in &nodes {
+        n.script().await;
+        server.assign(&n.mac, "demo:stable").await;
+    }
+    let mut boots = Vec::new();
+    for chunk in nodes.chunks(20) {
+        boots.extend(join_all(chunk.iter().map(|n| n.boot_to_ready(&image))).await);
+    }
+    let sick_of = |i: usize| SICK.get(i).copied();
+
+    let server_ref = &server;
+    let start = Instant::now();
+    let mut answers: Vec<Vec<Value>> = vec![Vec::new(); nodes.len()];
+    let mut hot_first_at = None;
+    for round in 0..8u64 {
+        let sent = join_all(nodes.iter().zip(&boots).enumerate().map(|(i, (n, b))| {
+            let body = heartbeat_body(b, &n.mac, sick_of(i), round);
+            async move {
+                let r = server_ref
+                    .http
+                    .post(server_ref.url("/api/v1/agent/heartbeat"))
+                    .bearer_auth(&b.token)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap())
+            }
+        }))
+        .await;
+        for (i, (status, answer)) in sent.into_iter().enumerate() {
+            assert_eq!(status, 200, "node {i} round {round}: {answer}");
+            answers[i].push(answer);
+        }
+        // Thermal throttling: flagged once it lasted 2 s, not before.
+        let hot = verdicts_of(&server, &macs[0]).await;
+        if hot_first_at.is_none() && !hot.is_empty() {
+            hot_first_at = Some(start.elapsed());
+        }
+        if start.elapsed() < Duration::from_millis(1900) {
+            assert!(hot.is_empty(), "flagged before its window: {hot:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let hot_at = hot_first_at.expect("the throttling GPU was never flagged");
+    assert!(hot_at >= Duration::from_secs(2), "flagged after {hot_at:?}");
+    let hot = verdicts_of(&server, &macs[0]).await;
+    assert_eq!(hot.len(), 1, "given once while it holds: {hot:?}");
+    let v = &hot[0]["data"];
+    assert_eq!(
+        (v["rule"].as_str(), v["action"].as_str()),
+        (Some("hot"), Some("flag"))
+    );
+    assert!(v["subject"].as_str().unwrap().starts_with("gpu 2 "), "{v}");
+    assert_eq!(v["readings"]["temperature_c"], 91);
+    assert_eq!(nodes[0].state().await, "ready", "a flag changes nothing");
+
+    // Corrected ECC climbing: revalidated before it fails; a passing validation brings
+    // the node back.
+    let ecc = verdicts_of(&server, &macs[1]).await;
+    assert_eq!(ecc[0]["data"]["rule"], "ecc-rising", "{ecc:?}");
+    assert!(
+        ecc[0]["data"]["readings"]["corrected_rise"]
+            .as_u64()
+            .unwrap()
+            > 100
+    );
+    assert!(
+        answers[1].iter().any(|a| a["action"] == "revalidate"),
+        "{:?}",
+        answers[1]
+    );
+    assert_eq!(nodes[1].state().await, "validating");
+    let (status, verdict) = nodes[1].validate(&boots[1], healthy()).await;
+    assert_eq!((status, &verdict["passed"]), (200, &json!(true)));
+
+    // A port flapping five times: the configured action, a reimage (the next heartbeat
+    // answers reboot).
+    let flap = verdicts_of(&server, &macs[2]).await;
+    assert_eq!(flap[0]["data"]["subject"], "port mlx5_5/1", "{flap:?}");
+    assert_eq!(flap[0]["data"]["readings"]["link_downs"], 5);
+    assert!(
+        answers[2].iter().any(|a| a["action"] == "reboot"),
+        "{:?}",
+        answers[2]
+    );
+    assert_eq!(nodes[2].state().await, "reimaging");
+
+    // XID 79: quarantined, with a ticket that carries the evidence.
+    let xid = verdicts_of(&server, &macs[3]).await;
+    let ticket = xid
+        .iter()
+        .find(|e| e["kind"] == "health.ticket")
+        .unwrap_or_else(|| panic!("no ticket: {xid:?}"));
+    assert_eq!(ticket["data"]["readings"]["xid"], 79);
+    assert_eq!(ticket["data"]["rule"], "fatal-xid");
+    assert!(
+        ticket["data"]["subject"].as_str().unwrap().contains("GPU-"),
+        "{ticket}"
+    );
+    assert_eq!(nodes[3].state().await, "quarantined");
+
+    // A reading missing is never healthy: flagged, and shown as holding.
+    let blind = verdicts_of(&server, &macs[4]).await;
+    assert_eq!(blind[0]["data"]["readings"]["reading"], "ecc", "{blind:?}");
+    let (status, health) = server
+        .json(&format!("/api/v1/nodes/{}/health", macs[4]))
+        .await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["verdicts"][0]["rule"], "blind", "{health}");
+    assert_eq!(
+        health["readings"].as_array().unwrap().len(),
+        4,
+        "keep_readings"
+    );
+    assert_eq!(
+        health["readings"][3]["gpus"][2]["ecc_corrected"],
+        Value::Null
+    );
+    // And in the node's detail.
+    assert_eq!(
+        nodes[4].node().await["health"]["verdicts"][0]["rule"],
+        "blind"
+    );
+
+    // No healthy node was judged, and each one's answers were all "none".
+    for i in SICK.len()..nodes.len() {
+        assert!(
+            verdicts_of(&server, &macs[i]).await.is_empty(),
+            "node {i} judged"
+        );
+        assert!(
+            answers[i].iter().all(|a| a["action"] == "none"),
+            "node {i}: {:?}",
+            answers[i]
+        );
+    }
+    drop(nodes);
+    server.stop().await;
+}
