@@ -57,9 +57,14 @@ struct Args {
     /// A compute-probe command run with `sh -c` during validation; it passes on exit 0.
     #[arg(long)]
     probe: Option<String>,
-    /// Seconds the compute probe may take.
+    /// Seconds the compute probe (and each performance probe) may take.
     #[arg(long, default_value_t = 300)]
     probe_timeout_secs: u64,
+    /// A performance probe run during validation, NAME=COMMAND (repeatable): its figure
+    /// is the last number COMMAND prints (`--figure gemm_tflops='gemm-bench --json | jq
+    /// .tflops'`); the server compares it with the node's peers' to find slow nodes.
+    #[arg(long = "figure", value_name = "NAME=COMMAND", value_parser = figure_arg)]
+    figures: Vec<(String, String)>,
     #[command(subcommand)]
     stage: Option<StageOne>,
 }
@@ -147,6 +152,7 @@ fn main() -> ExitCode {
         probe: args
             .probe
             .map(|c| (c, Duration::from_secs(args.probe_timeout_secs))),
+        figures: args.figures,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -250,4 +256,20 @@ async fn overlay(agent: &Agent, into: &std::path::Path) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `NAME=COMMAND`, NAME a figure's name (letters, digits, `_`, at most 64).
+fn figure_arg(s: &str) -> Result<(String, String), String> {
+    let (name, command) = s
+        .split_once('=')
+        .ok_or("expected NAME=COMMAND (gemm_tflops='...')")?;
+    let named = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !named || command.trim().is_empty() {
+        return Err(format!(
+            "{s:?}: NAME is letters, digits and _, and COMMAND is not empty"
+        ));
+    }
+    Ok((name.to_string(), command.to_string()))
 }

@@ -121,6 +121,8 @@ pub struct HealthSettings {
     pub rules: Vec<Rule>,
     /// Heartbeats of readings kept per node for `node show` and the API.
     pub keep_readings: usize,
+    /// `[health.grey]`: performance figures against the node's peers'.
+    pub grey: super::peers::GreySettings,
 }
 
 impl Default for HealthSettings {
@@ -175,6 +177,7 @@ impl Default for HealthSettings {
                 ),
             ],
             keep_readings: 6,
+            grey: Default::default(),
         }
     }
 }
@@ -206,6 +209,7 @@ impl HealthSettings {
                 return Err(format!("[health] rule {:?}: {why}", r.name));
             }
         }
+        self.grey.check()?;
         if self.keep_readings > 360 {
             return Err("[health] keep_readings: at most 360".into());
         }

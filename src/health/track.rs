@@ -65,6 +65,8 @@ pub struct Health {
     /// The longest window any rule looks back over, ms: how long series keep points.
     keep_ms: i64,
     nodes: Mutex<HashMap<Mac, NodeTrack>>,
+    /// Performance figures against peers' (grey failures).
+    pub peers: super::peers::Peers,
 }
 
 fn gpu_subject(g: &GpuSample) -> String {
@@ -109,6 +111,7 @@ impl Health {
             .unwrap_or(0);
         Health {
             keep_ms: (keep_secs as i64) * 1000,
+            peers: super::peers::Peers::new(settings.grey.clone()),
             settings,
             nodes: Mutex::new(HashMap::new()),
         }
@@ -183,14 +186,15 @@ impl Health {
             };
             holding_now.insert(key, view);
         }
-        // An XID's verdict holds for the boot: the error happened, whatever follows.
+        // An XID's verdict holds for the boot: the error happened, whatever follows. So
+        // does a grey failure's (judged at validation, not by heartbeats).
         let xid_rules: Vec<&str> = rules
             .iter()
             .filter(|(_, r)| matches!(r.when, Condition::Xid { .. }))
             .map(|(_, r)| r.name.as_str())
             .collect();
         for (key, v) in std::mem::take(&mut node.holding) {
-            if xid_rules.contains(&key.0.as_str()) {
+            if xid_rules.contains(&key.0.as_str()) || key.0 == super::peers::RULE {
                 holding_now.entry(key).or_insert(v);
             }
         }
@@ -211,6 +215,24 @@ impl Health {
             readings: node.readings.iter().cloned().collect(),
             verdicts: node.holding.values().cloned().collect(),
         })
+    }
+
+    /// Keeps a verdict given elsewhere (a grey failure, from a validation) with the
+    /// node's, for its boot: shown until the boot ends.
+    /// `boot_id`: the boot it is about (None: whichever boot the node is on).
+    pub fn hold(&self, mac: &Mac, boot_id: Option<&str>, verdict: &HealthVerdict) {
+        let mut nodes = self.nodes.lock().expect("health lock");
+        let node = nodes.entry(*mac).or_default();
+        if let Some(boot_id) = boot_id
+            && node.boot != boot_id
+        {
+            *node = NodeTrack {
+                boot: cut(boot_id),
+                ..Default::default()
+            };
+        }
+        let key = (verdict.rule.clone(), verdict.subject.clone());
+        node.holding.insert(key, verdict.clone());
     }
 
     /// Forgets a node (removed).
@@ -479,6 +501,7 @@ mod tests {
         Health::new(HealthSettings {
             rules,
             keep_readings: 4,
+            grey: Default::default(),
         })
     }
 

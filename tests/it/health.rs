@@ -72,6 +72,7 @@ fn rules() -> HealthSettings {
             ),
         ],
         keep_readings: 4,
+        grey: Default::default(),
     }
 }
 
@@ -289,6 +290,74 @@ async fn health_rules_judge_a_fleet_over_time_and_act_on_the_sick_alone() {
             "node {i}: {:?}",
             answers[i]
         );
+    }
+    drop(nodes);
+    server.stop().await;
+}
+
+/// Grey failures: 100 nodes validate with a GEMM figure (within 2% of 700 TFLOPS), three
+/// at 55-70% of it pass every check yet are found slow, with their figures, by the
+/// time the fleet has reported; no healthy node is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_nodes_that_pass_every_check_are_found_against_their_peers() {
+    let server = TestServer::start().await;
+    let (status, image) = server
+        .publish_query(
+            good_bundle("demo", "1", &noise(20_000, 8)),
+            "?tag=demo:stable",
+        )
+        .await;
+    assert_eq!(status, 201, "{image}");
+    let macs: Vec<String> = (0..100)
+        .map(|i| format!("52-54-00-23-00-{i:02x}"))
+        .collect();
+    let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
+    for n in &nodes {
+        n.script().await;
+        server.assign(&n.mac, "demo:stable").await;
+    }
+    let slow = [(7usize, 0.55), (42, 0.62), (88, 0.70)];
+    let gemm = |i: usize| match slow.iter().find(|(s, _)| *s == i) {
+        Some((_, share)) => 700.0 * share,
+        None => 700.0 + ((i * 37) % 29) as f64 / 2.0 - 7.0,
+    };
+    let (image, nodes_ref) = (&image, &nodes);
+    for chunk in (0..nodes.len()).collect::<Vec<_>>().chunks(20) {
+        join_all(chunk.iter().map(|&i| async move {
+            let n = &nodes_ref[i];
+            let boot = n.boot().await;
+            let artifacts = n.fetch_all(&boot).await;
+            let (status, _) = n.attest(&boot, n.report(&boot, image, &artifacts)).await;
+            assert_eq!(status, 200);
+            let mut report = healthy();
+            report["figures"] = json!([{ "name": "gemm_tflops", "value": gemm(i) }]);
+            let (status, verdict) = n.validate(&boot, report).await;
+            assert_eq!(
+                (status, &verdict["passed"]),
+                (200, &json!(true)),
+                "{verdict}"
+            );
+        }))
+        .await;
+    }
+    for (i, mac) in macs.iter().enumerate() {
+        let found = verdicts_of(&server, mac).await;
+        match slow.iter().find(|(s, _)| *s == i) {
+            Some((_, share)) => {
+                assert_eq!(found.len(), 1, "node {i}: {found:?}");
+                let v = &found[0]["data"];
+                assert_eq!(v["rule"], "grey-failure");
+                assert_eq!(v["readings"]["figure"], "gemm_tflops");
+                assert_eq!(v["readings"]["value"], json!(700.0 * share));
+                let median = v["readings"]["median"].as_f64().unwrap();
+                assert!((690.0..710.0).contains(&median), "{v}");
+                // Flagged, not failed: it passed every check.
+                assert_eq!(nodes[i].state().await, "ready");
+                let (_, health) = server.json(&format!("/api/v1/nodes/{mac}/health")).await;
+                assert_eq!(health["verdicts"][0]["rule"], "grey-failure", "{health}");
+            }
+            None => assert!(found.is_empty(), "healthy node {i} judged: {found:?}"),
+        }
     }
     drop(nodes);
     server.stop().await;

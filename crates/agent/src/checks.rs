@@ -163,6 +163,31 @@ pub async fn probe(command: &str, timeout: Duration) -> CheckResult {
     }
 }
 
+/// A performance probe: `sh -c COMMAND`, whose figure is the last number on its last
+/// line (`GEMM: 712.4 TFLOPS` gives 712.4). A probe that fails or prints no number gives
+/// a failed check instead, so a missing figure is never taken as a good one.
+pub async fn figure(
+    name: &str,
+    command: &str,
+    timeout: Duration,
+) -> Result<bootfleet_api::agent::Figure, CheckResult> {
+    let failed = |detail: String| CheckResult {
+        name: format!("figure-{name}"),
+        passed: false,
+        detail,
+    };
+    let out = run("sh", &["-c", command], timeout).await.map_err(failed)?;
+    let line = last_line(&out).unwrap_or("");
+    line.split(|c: char| c.is_whitespace() || c == '=' || c == ':')
+        .rev()
+        .find_map(|w| w.parse::<f64>().ok().filter(|v| v.is_finite()))
+        .map(|value| bootfleet_api::agent::Figure {
+            name: name.to_string(),
+            value,
+        })
+        .ok_or_else(|| failed(format!("no figure in its last line {line:?}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +219,19 @@ mod tests {
         assert_eq!(r[3].detail, "GPU 3 fail: Allocated 79 GB; DBE detected");
         assert!(parse_dcgm("not json").is_err());
         assert!(parse_dcgm("{}").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_figure_is_the_last_number_of_the_last_line_or_a_failed_check() {
+        let t = Duration::from_secs(5);
+        let f = figure("gemm_tflops", "echo warming; echo 'GEMM: 712.4 TFLOPS'", t).await;
+        assert_eq!(f.unwrap().value, 712.4);
+        let none = figure("gemm_tflops", "echo done", t).await.unwrap_err();
+        assert!(
+            !none.passed && none.name == "figure-gemm_tflops",
+            "{none:?}"
+        );
+        assert!(figure("x", "exit 3", t).await.is_err());
     }
 
     #[tokio::test]

@@ -31,6 +31,9 @@ pub struct Agent {
     pub dcgm_level: Option<u64>,
     /// A compute-probe command (`sh -c`), and how long it may take.
     pub probe: Option<(String, Duration)>,
+    /// Performance probes: each figure's name and its command (`sh -c`; the figure is the
+    /// last number it prints), each given the compute probe's time.
+    pub figures: Vec<(String, String)>,
 }
 
 /// How the conversation ended.
@@ -183,6 +186,16 @@ impl Agent {
             report
                 .checks
                 .push(super::checks::probe(command, *timeout).await);
+        }
+        let timeout = self
+            .probe
+            .as_ref()
+            .map_or(Duration::from_secs(300), |p| p.1);
+        for (name, command) in &self.figures {
+            match super::checks::figure(name, command, timeout).await {
+                Ok(f) => report.figures.push(f),
+                Err(failed) => report.checks.push(failed),
+            }
         }
         if report.driver_version.is_none() {
             report.driver_version = self.facts().versions.get("nvidia-driver").cloned();

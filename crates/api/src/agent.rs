@@ -191,6 +191,20 @@ pub struct ValidationReport {
     /// DCGM diagnostic results, one per test, when the image asked for them.
     pub dcgm: Option<Vec<CheckResult>>,
     pub checks: Vec<CheckResult>,
+    /// Performance figures the agent's probes measured (GEMM throughput, HBM bandwidth,
+    /// NVLink bandwidth, an NCCL all-reduce...): the server compares each with the
+    /// node's peers' to catch a node that passes every check but runs slow.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub figures: Vec<Figure>,
+}
+
+/// One performance probe's figure: higher is better (a throughput, a bandwidth).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Figure {
+    /// `gemm_tflops`, `hbm_gbps`, `nvlink_gbps`, `nccl_allreduce_gbps`...
+    pub name: String,
+    pub value: f64,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

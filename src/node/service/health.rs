@@ -23,6 +23,45 @@ fn rank(a: Action) -> u8 {
 }
 
 impl NodeService {
+    /// A passed validation's performance figures against the node's peers'; a slow
+    /// node's verdict (this one's, or a peer's once the group grew enough to judge it)
+    /// is held with the node's other verdicts and acted on.
+    pub(super) async fn judge_figures(
+        &self,
+        node: &NodeRecord,
+        boot_id: &str,
+        image: &str,
+        figures: &[crate::api::agent::Figure],
+    ) -> Result<(), AttestError> {
+        let at = crate::clock::format_ms(crate::clock::now_ms());
+        let found = self
+            .health
+            .peers
+            .observe(node.mac, image, &node.labels, figures, &at);
+        for (mac, verdict) in found {
+            let boot = (mac == node.mac).then_some(boot_id);
+            // As it is now (this node's validation has just moved it).
+            let record = self
+                .store
+                .node(&mac)
+                .await
+                .map_err(super::BootError::from)?;
+            let Some(record) = record else { continue };
+            self.health.hold(&mac, boot, &verdict.view);
+            // Not a heartbeat: a revalidation reaches the node by its next one.
+            let boot = boot.unwrap_or("its current boot");
+            if self.act_on_health(&record, boot, vec![verdict]).await?
+                == Some(NextAction::Revalidate)
+            {
+                self.store
+                    .request_revalidate(&mac)
+                    .await
+                    .map_err(super::BootError::from)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Records `verdicts` and carries out the strongest; answers the heartbeat's action
     /// when that decides it.
     pub(super) async fn act_on_health(

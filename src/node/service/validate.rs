@@ -104,6 +104,10 @@ impl NodeService {
         self.time_validated(&facts, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
+        } else if !req.report.figures.is_empty() {
+            let image = boot.image.to_string();
+            self.judge_figures(&node, &req.boot_id, &image, &req.report.figures)
+                .await?;
         }
         Ok(verdict)
     }
