@@ -190,6 +190,11 @@ pub fn encode(m: &Metrics, census: &Census, fetch_queue: usize) -> String {
         i.validation_failures.clone(),
     );
     r.register(
+        "health_verdicts",
+        "Health verdicts on nodes, by rule and the action it asked for",
+        i.health_verdicts.clone(),
+    );
+    r.register(
         "reimage_refusals",
         "Reimages refused, by reason (over-budget: the disruption budget)",
         i.reimage_refusals.clone(),

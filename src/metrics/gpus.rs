@@ -102,7 +102,7 @@ pub struct GpuFamilies(pub Vec<Arc<NodeGpus>>);
 type Reading = fn(&GpuSample) -> Option<f64>;
 
 /// The value series: name, help, type, reading.
-const SERIES: [(&str, &str, MetricType, Reading); 5] = [
+const SERIES: [(&str, &str, MetricType, Reading); 11] = [
     (
         "bootfleet_gpu_temperature_celsius",
         "GPU temperature (dcgm-exporter DCGM_FI_DEV_GPU_TEMP)",
@@ -132,6 +132,42 @@ const SERIES: [(&str, &str, MetricType, Reading); 5] = [
         "XIDs the kernel logged for the GPU since its node booted",
         MetricType::Counter,
         |g| Some(g.xids as f64),
+    ),
+    (
+        "bootfleet_gpu_sm_clock_mhz",
+        "SM clock (dcgm-exporter DCGM_FI_DEV_SM_CLOCK)",
+        MetricType::Gauge,
+        |g| g.sm_clock_mhz.map(f64::from),
+    ),
+    (
+        "bootfleet_gpu_sm_clock_max_mhz",
+        "The SM clock's maximum",
+        MetricType::Gauge,
+        |g| g.sm_clock_max_mhz.map(f64::from),
+    ),
+    (
+        "bootfleet_gpu_throttle_reasons",
+        "Clock throttle reasons active now, how many (dcgm-exporter DCGM_FI_DEV_CLOCK_THROTTLE_REASONS is the mask)",
+        MetricType::Gauge,
+        |g| g.throttle_reasons.as_ref().map(|r| r.len() as f64),
+    ),
+    (
+        "bootfleet_gpu_pcie_replays",
+        "PCIe replays since the driver loaded (dcgm-exporter DCGM_FI_DEV_PCIE_REPLAY_COUNTER)",
+        MetricType::Counter,
+        |g| g.pcie_replay.map(|v| v as f64),
+    ),
+    (
+        "bootfleet_gpu_nvlink_errors",
+        "NVLink errors over the GPU's links: CRC flit and data, replay, recovery",
+        MetricType::Counter,
+        |g| g.nvlink_errors.map(|v| v as f64),
+    ),
+    (
+        "bootfleet_gpu_rows_remapped_uncorrectable",
+        "Rows remapped for uncorrectable errors (dcgm-exporter DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS)",
+        MetricType::Counter,
+        |g| g.row_remap.map(|r| r.uncorrectable as f64),
     ),
 ];
 

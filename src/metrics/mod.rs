@@ -77,6 +77,12 @@ pub struct CheckLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub rule: String,
+    pub action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -119,6 +125,8 @@ pub struct Inner {
     /// The check names `validation_failures` holds, for its cap.
     checks_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
     reimage_refusals: Family<ReasonLabels, Counter>,
+    /// `[health]` verdicts by rule (the config's names, and `grey-failure`) and action.
+    health_verdicts: Family<VerdictLabels, Counter>,
     fetch_commit_seconds: Histogram,
     fetch_records_dropped: Counter,
 }
@@ -166,6 +174,7 @@ impl Inner {
             validation_failures: Default::default(),
             checks_seen: Default::default(),
             reimage_refusals: Default::default(),
+            health_verdicts: Default::default(),
             fetch_commit_seconds: seconds(),
             fetch_records_dropped: Default::default(),
         }
@@ -286,6 +295,15 @@ impl Metrics {
     }
 
     /// A reimage refused by the disruption budget (`over-budget`) or the state machine.
+    /// A health verdict: `rule` is an operator's rule name (bounded by the config).
+    pub fn health_verdict(&self, rule: &str, action: &str) {
+        let labels = VerdictLabels {
+            rule: rule.chars().take(64).collect(),
+            action: action.to_string(),
+        };
+        self.0.health_verdicts.get_or_create(&labels).inc();
+    }
+
     pub fn reimage_refused(&self, reason: &'static str) {
         self.0
             .reimage_refusals

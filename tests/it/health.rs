@@ -279,6 +279,24 @@ async fn health_rules_judge_a_fleet_over_time_and_act_on_the_sick_alone() {
         "blind"
     );
 
+    // Counted in /metrics; the readings exported in /metrics/gpus.
+    let metrics = server.text("/metrics").await;
+    for line in [
+        r#"bootfleet_health_verdicts_total{rule="hot",action="flag"} 1"#,
+        r#"bootfleet_health_verdicts_total{rule="fatal-xid",action="quarantine"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in /metrics");
+    }
+    let gpus = server.text("/metrics/gpus").await;
+    let hot_clock = format!(
+        r#"bootfleet_gpu_sm_clock_mhz{{node="{}",gpu="2"}} 1110"#,
+        macs[0].replace('-', ":")
+    );
+    assert!(
+        gpus.contains(&hot_clock),
+        "{hot_clock} not in /metrics/gpus"
+    );
+
     // No healthy node was judged, and each one's answers were all "none".
     for i in SICK.len()..nodes.len() {
         assert!(

@@ -75,6 +75,9 @@ impl NodeService {
         };
         let mac = &node.mac;
         for v in &verdicts {
+            self.controller
+                .metrics()
+                .health_verdict(&v.view.rule, &v.view.action);
             let data = serde_json::to_value(&v.view).expect("a verdict serialises");
             self.store
                 .record_event(kind::HEALTH_VERDICT, Some(mac), &data)
