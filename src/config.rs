@@ -337,6 +337,15 @@ impl ServerConfig {
 mod tests {
     use super::*;
 
+    /// The shipped example parses, and its `[health]` is the defaults it says it is.
+    #[test]
+    fn the_example_config_parses_and_shows_the_health_defaults() {
+        let text = include_str!("../deploy/bootfleet.toml");
+        let file = FileConfig::parse(text, Path::new("deploy/bootfleet.toml")).unwrap();
+        assert_eq!(file.health, crate::health::HealthSettings::default());
+        file.health.check().unwrap();
+    }
+
     #[test]
     fn flags_beat_file_beats_defaults() {
         let file = FileConfig::parse(

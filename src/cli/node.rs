@@ -439,6 +439,9 @@ fn print_detail(d: &NodeDetail) {
         println!("since the last boot script (BMC, DHCP, TFTP):");
         print_steps(&d.preboot);
     }
+    if let Some(h) = &d.health {
+        print_health(h);
+    }
     println!("boots (newest first):");
     for b in &d.boots {
         let end = match &b.stopped_at {
@@ -455,6 +458,47 @@ fn print_detail(d: &NodeDetail) {
             .map(|s| s.to_string())
             .unwrap_or_else(|| "(new)".into());
         println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
+    }
+}
+
+/// The health verdicts that hold, then the newest readings a GPU a line.
+fn print_health(h: &crate::api::health::NodeHealth) {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    if h.verdicts.is_empty() {
+        println!("health:   no verdicts (boot {})", h.boot_id);
+    } else {
+        println!("health (boot {}):", h.boot_id);
+        for v in &h.verdicts {
+            println!("  {}  {} -> {}: {}", v.at, v.rule, v.action, v.summary);
+        }
+    }
+    let Some(r) = h.readings.last() else { return };
+    println!("readings ({}):", r.at);
+    for g in &r.gpus {
+        let throttled = match &g.throttle_reasons {
+            Some(t) if t.is_empty() => "none".to_string(),
+            Some(t) => t.join("+"),
+            None => "-".into(),
+        };
+        println!(
+            "  gpu {:<2} {:>4}C {:>6}W {:>5}MHz  ecc {}/{}  xids {}  throttled {throttled}",
+            g.index,
+            opt(g.temperature_c.map(|t| t.to_string())),
+            opt(g.power_w.map(|p| format!("{p:.0}"))),
+            opt(g.sm_clock_mhz.map(|c| c.to_string())),
+            opt(g.ecc_corrected.map(|c| c.to_string())),
+            opt(g.ecc_uncorrected.map(|c| c.to_string())),
+            g.xids,
+        );
+    }
+    for p in &r.ports {
+        println!(
+            "  {:<12} {:<8} {:>5} Gb/s  link downs {}",
+            p.port,
+            opt(p.state.clone()),
+            opt(p.rate_gbps.map(|r| format!("{r:.0}"))),
+            opt(p.link_downed.map(|d| d.to_string())),
+        );
     }
 }
 
