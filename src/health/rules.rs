@@ -97,6 +97,16 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// A rule for every node (no label group).
+    pub fn new(name: &str, when: Condition, action: Action) -> Self {
+        Rule {
+            name: name.into(),
+            when,
+            action,
+            labels: BTreeMap::new(),
+        }
+    }
+
     pub fn applies_to(&self, labels: &BTreeMap<String, String>) -> bool {
         self.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
     }
@@ -130,12 +140,7 @@ impl Default for HealthSettings {
     /// quarantine; corrected ECC climbing and flapping links revalidate; long thermal
     /// throttling and missing readings are flagged.
     fn default() -> Self {
-        let rule = |name: &str, when, action| Rule {
-            name: name.into(),
-            when,
-            action,
-            labels: BTreeMap::new(),
-        };
+        let rule = Rule::new;
         HealthSettings {
             rules: vec![
                 rule(

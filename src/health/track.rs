@@ -465,15 +465,6 @@ mod tests {
 
     const MIN: i64 = 60_000;
 
-    fn rule(name: &str, when: Condition, action: Action) -> Rule {
-        Rule {
-            name: name.into(),
-            when,
-            action,
-            labels: BTreeMap::new(),
-        }
-    }
-
     fn gpu(index: u32) -> GpuSample {
         GpuSample {
             index,
@@ -511,7 +502,7 @@ mod tests {
 
     #[test]
     fn thermal_throttling_is_flagged_after_its_window_not_before() {
-        let h = health(vec![rule(
+        let h = health(vec![Rule::new(
             "hot",
             Condition::Throttled {
                 for_secs: 600,
@@ -544,7 +535,7 @@ mod tests {
 
     #[test]
     fn a_break_in_throttling_restarts_its_clock_but_a_missing_reading_does_not() {
-        let h = health(vec![rule(
+        let h = health(vec![Rule::new(
             "hot",
             Condition::Throttled {
                 for_secs: 600,
@@ -575,7 +566,7 @@ mod tests {
 
     #[test]
     fn corrected_ecc_rising_too_fast_is_caught_and_a_slow_climb_is_not() {
-        let h = health(vec![rule(
+        let h = health(vec![Rule::new(
             "ecc",
             Condition::EccCorrectedRate {
                 per_hour: 100.0,
@@ -616,7 +607,7 @@ mod tests {
 
     #[test]
     fn a_port_flapping_five_times_in_an_hour_trips_the_rule() {
-        let h = health(vec![rule(
+        let h = health(vec![Rule::new(
             "flap",
             Condition::IbLinkDown {
                 count: 5,
@@ -644,7 +635,7 @@ mod tests {
 
     #[test]
     fn a_new_xid_79_is_a_verdict_with_its_code_and_an_old_one_is_not_new() {
-        let h = health(vec![rule(
+        let h = health(vec![Rule::new(
             "fatal",
             Condition::Xid { codes: vec![79] },
             Action::Quarantine,
@@ -678,8 +669,8 @@ mod tests {
     #[test]
     fn a_gpu_gone_from_the_bus_and_a_reading_gone_for_long_are_verdicts() {
         let h = health(vec![
-            rule("gone", Condition::GpuMissing, Action::Quarantine),
-            rule(
+            Rule::new("gone", Condition::GpuMissing, Action::Quarantine),
+            Rule::new(
                 "blind",
                 Condition::ReadingMissing { for_secs: 300 },
                 Action::Flag,
@@ -704,7 +695,7 @@ mod tests {
 
     #[test]
     fn rules_apply_to_their_label_group_and_a_new_boot_starts_clean() {
-        let mut r = rule(
+        let mut r = Rule::new(
             "fatal",
             Condition::Xid { codes: vec![79] },
             Action::Quarantine,

@@ -71,6 +71,12 @@ pub struct ValidationSpec {
     pub fatal_xids: Option<Vec<u32>>,
     /// DCGM diagnostics level, 1 to 4.
     pub dcgm_level: Option<u64>,
+    /// InfiniBand ports that must be up (ACTIVE).
+    pub ib_ports: Option<u64>,
+    /// The rate each up port must run at, at least, Gb/s (`400` for NDR).
+    pub ib_rate_gbps: Option<u64>,
+    /// The link width each up port must have (`4X`).
+    pub ib_width: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -30,6 +30,10 @@ pub struct Expectations {
     pub fatal_xids: BTreeSet<u32>,
     /// DCGM diag level required (its results must be present and pass).
     pub dcgm_level: Option<u64>,
+    /// InfiniBand: ports up, each one's least rate (Gb/s) and its width.
+    pub ib_ports: Option<u64>,
+    pub ib_rate_gbps: Option<u64>,
+    pub ib_width: Option<String>,
     /// The pinned driver (`[pins] nvidia-driver`).
     pub driver: Option<String>,
 }
@@ -57,6 +61,9 @@ impl Expectations {
                 .map(|x| x.iter().copied().collect())
                 .unwrap_or_else(|| DEFAULT_FATAL_XIDS.into_iter().collect()),
             dcgm_level: spec.dcgm_level,
+            ib_ports: spec.ib_ports,
+            ib_rate_gbps: spec.ib_rate_gbps,
+            ib_width: spec.ib_width.clone(),
             driver: pins.get("nvidia-driver").cloned(),
         }
     }
@@ -86,6 +93,7 @@ pub fn judge(report: &ValidationReport, want: &Expectations) -> ValidationVerdic
     }
     xid_checks(report, want, &mut found);
     diagnostics(report, want, &mut found);
+    fabric(report, want, &mut found);
     ValidationVerdict {
         passed: found.0.is_empty(),
         failures: found.0,
@@ -123,6 +131,76 @@ fn node_checks(report: &ValidationReport, want: &Expectations, found: &mut Findi
                 None,
                 format!("no driver version reported, the image pins {pinned}"),
             ),
+        }
+    }
+}
+
+/// The InfiniBand ports against the image's `ib-*` expectations: enough of them up, and
+/// each up port at its rate and width, so a port down or a degraded cable (a 4X link
+/// trained at 1X, an NDR link at HDR rate) is named.
+fn fabric(report: &ValidationReport, want: &Expectations, found: &mut Findings) {
+    let up: Vec<&crate::api::agent::IbPortSample> = report
+        .ib_ports
+        .iter()
+        .filter(|p| p.state.as_deref() == Some("ACTIVE"))
+        .collect();
+    if let Some(n) = want.ib_ports
+        && (up.len() as u64) < n
+    {
+        let down: Vec<String> = report
+            .ib_ports
+            .iter()
+            .filter(|p| p.state.as_deref() != Some("ACTIVE"))
+            .map(|p| {
+                format!(
+                    "{} is {}",
+                    p.port,
+                    p.state.as_deref().unwrap_or("unreadable")
+                )
+            })
+            .collect();
+        let down = if down.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", down.join(", "))
+        };
+        found.fail(
+            "ib-ports",
+            None,
+            format!("{} of {n} InfiniBand ports up{down}", up.len()),
+        );
+    }
+    for p in &up {
+        if let Some(min) = want.ib_rate_gbps {
+            match p.rate_gbps {
+                Some(r) if r >= min as f64 => {}
+                Some(r) => found.fail(
+                    "ib-rate",
+                    None,
+                    format!(
+                        "InfiniBand port {} runs at {r} Gb/s, the image wants {min} (a degraded cable or link)",
+                        p.port
+                    ),
+                ),
+                None => found.fail(
+                    "ib-rate",
+                    None,
+                    format!("InfiniBand port {}: rate not reported", p.port),
+                ),
+            }
+        }
+        if let Some(w) = &want.ib_width
+            && p.width.as_deref() != Some(w.as_str())
+        {
+            found.fail(
+                "ib-width",
+                None,
+                format!(
+                    "InfiniBand port {} is {} wide, the image wants {w}",
+                    p.port,
+                    p.width.as_deref().unwrap_or("(not reported)")
+                ),
+            );
         }
     }
 }
@@ -375,6 +453,42 @@ mod tests {
             .into_iter()
             .map(|f| (f.check, f.gpu))
             .collect()
+    }
+
+    /// Four NDR ports wanted: one down, one trained at 1X and HDR rate, each named.
+    #[test]
+    fn a_port_down_and_a_degraded_cable_are_named() {
+        let mut want = want();
+        want.ib_ports = Some(4);
+        want.ib_rate_gbps = Some(400);
+        want.ib_width = Some("4X".into());
+        let port = |i: u32, state: &str, rate: f64, width: &str| IbPortSample {
+            port: format!("mlx5_{i}/1"),
+            state: Some(state.into()),
+            rate_gbps: Some(rate),
+            width: Some(width.into()),
+            ..Default::default()
+        };
+        let mut r = healthy();
+        r.ib_ports = (0..4).map(|i| port(i, "ACTIVE", 400.0, "4X")).collect();
+        assert!(judge(&r, &want).passed);
+        r.ib_ports[1] = port(1, "DOWN", 400.0, "4X");
+        r.ib_ports[2] = port(2, "ACTIVE", 200.0, "1X");
+        let v = judge(&r, &want);
+        let reasons: Vec<(&str, &str)> = v
+            .failures
+            .iter()
+            .map(|f| (f.check.as_str(), f.reason.as_str()))
+            .collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert_eq!(
+            reasons[0],
+            ("ib-ports", "3 of 4 InfiniBand ports up: mlx5_1/1 is DOWN")
+        );
+        assert!(reasons[1].0 == "ib-rate" && reasons[1].1.contains("mlx5_2/1 runs at 200"));
+        assert!(reasons[2].0 == "ib-width" && reasons[2].1.contains("mlx5_2/1 is 1X"));
+        // An image without ib-* keys asks nothing of the fabric.
+        assert!(judge(&r, &super::tests::want()).passed);
     }
 
     #[test]

@@ -129,6 +129,25 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
     },
+    /// Heartbeats from N simulated 8-GPU nodes at a steady rate, without and then with
+    /// every GPU's and InfiniBand port's readings: the server's CPU per heartbeat and
+    /// its memory, each phase.
+    Telemetry {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: u32,
+        /// Each node's heartbeat interval.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        every: Duration,
+        /// Intervals each phase lasts.
+        #[arg(long, default_value_t = 6)]
+        rounds: u32,
+        /// Requests in flight at most.
+        #[arg(long, default_value_t = 256)]
+        concurrency: usize,
+        /// The server's PID: its CPU time and memory are reported.
+        #[arg(long)]
+        measure_pid: u32,
+    },
     /// The HTTP phase alone: N clients, each on its own connection, download every URL
     /// at once; every Nth cuts its first download halfway and resumes it.
     Http {
@@ -301,6 +320,25 @@ pub async fn run(
                 concurrency,
             };
             let report = storm::scrape::run(server, &token, bench).await?;
+            emit(out, &report, |r| print!("{r}"))
+        }
+        BenchCommand::Telemetry {
+            nodes,
+            every,
+            rounds,
+            concurrency,
+            measure_pid,
+        } => {
+            raise_open_files_limit();
+            let token = admin_token(server, token, data_dir)?;
+            let bench = storm::telemetry::TelemetryBench {
+                nodes,
+                every,
+                rounds,
+                concurrency,
+                server_pid: measure_pid,
+            };
+            let report = storm::telemetry::run(server, &token, bench).await?;
             emit(out, &report, |r| print!("{r}"))
         }
         BenchCommand::Http {

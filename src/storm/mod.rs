@@ -15,6 +15,7 @@ pub mod report;
 pub mod rollout;
 pub mod scrape;
 pub mod setup;
+pub mod telemetry;
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,7 @@ impl Behaviour {
             kernel_release: setup::KERNEL_RELEASE.into(),
             versions: [("nvidia-driver".to_string(), setup::DRIVER.to_string())].into(),
             gpu_report: gpu_report(),
+            telemetry: true,
         }
     }
 }

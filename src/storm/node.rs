@@ -68,6 +68,9 @@ pub struct Behaviour {
     pub versions: BTreeMap<String, String>,
     /// The validation report, with GPU UUIDs made per node.
     pub gpu_report: ValidationReport,
+    /// Heartbeats carry each GPU's and InfiniBand port's readings (as the agent's do);
+    /// off, only the facts (for the telemetry benchmark's baseline).
+    pub telemetry: bool,
 }
 
 /// What one node's boot came to.
@@ -388,6 +391,7 @@ fn ib_samples(count: usize) -> Vec<crate::api::agent::IbPortSample> {
             port: format!("mlx5_{i}/1"),
             state: Some("ACTIVE".into()),
             rate_gbps: Some(400.0),
+            width: Some("4X".into()),
             link_downed: Some(0),
             symbol_errors: Some(0),
             link_error_recovery: Some(0),
@@ -415,8 +419,16 @@ pub(crate) async fn heartbeat(
             modules: BTreeMap::new(),
             gpus: Some(booted.uuids.clone()),
         }),
-        gpus: gpu_samples(&booted.uuids),
-        ib_ports: ib_samples(booted.uuids.len()),
+        gpus: if b.telemetry {
+            gpu_samples(&booted.uuids)
+        } else {
+            vec![]
+        },
+        ib_ports: if b.telemetry {
+            ib_samples(booted.uuids.len())
+        } else {
+            vec![]
+        },
     };
     let answer: HeartbeatAnswer = booted
         .agent(http)

@@ -5,7 +5,6 @@
 //! tripped it, and its action is carried out; no healthy node is judged. Windows are
 //! seconds here (minutes and hours in a fleet): the rules are the same.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bootfleet::health::{Action, Condition, HealthSettings, Rule};
@@ -23,24 +22,15 @@ fn telemetry() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn rule(name: &str, when: Condition, action: Action) -> Rule {
-    Rule {
-        name: name.into(),
-        when,
-        action,
-        labels: BTreeMap::new(),
-    }
-}
-
 fn rules() -> HealthSettings {
     HealthSettings {
         rules: vec![
-            rule(
+            Rule::new(
                 "fatal-xid",
                 Condition::Xid { codes: vec![79] },
                 Action::Quarantine,
             ),
-            rule(
+            Rule::new(
                 "ecc-rising",
                 // More than 100 corrected errors in 10 s.
                 Condition::EccCorrectedRate {
@@ -49,7 +39,7 @@ fn rules() -> HealthSettings {
                 },
                 Action::Revalidate,
             ),
-            rule(
+            Rule::new(
                 "ib-flapping",
                 Condition::IbLinkDown {
                     count: 5,
@@ -57,7 +47,7 @@ fn rules() -> HealthSettings {
                 },
                 Action::Reimage,
             ),
-            rule(
+            Rule::new(
                 "hot",
                 Condition::Throttled {
                     for_secs: 2,
@@ -65,7 +55,7 @@ fn rules() -> HealthSettings {
                 },
                 Action::Flag,
             ),
-            rule(
+            Rule::new(
                 "blind",
                 Condition::ReadingMissing { for_secs: 2 },
                 Action::Flag,
@@ -121,6 +111,26 @@ fn heartbeat_body(boot: &Boot, mac: &str, sick: Option<Sick>, round: u64) -> Val
         "gpus": t["gpus"], "ib_ports": t["ib_ports"] })
 }
 
+/// A published, tagged image and 100 discovered nodes assigned to it (MACs
+/// 52-54-00-OCTET-00-xx).
+async fn fleet(server: &TestServer, octet: &str) -> (Value, Vec<String>) {
+    let (status, image) = server
+        .publish_query(
+            good_bundle("demo", "1", &noise(20_000, 7)),
+            "?tag=demo:stable",
+        )
+        .await;
+    assert_eq!(status, 201, "{image}");
+    let macs: Vec<String> = (0..100)
+        .map(|i| format!("52-54-00-{octet}-00-{i:02x}"))
+        .collect();
+    for mac in &macs {
+        FakeNode::new(server, mac).script().await;
+        server.assign(mac, "demo:stable").await;
+    }
+    (image, macs)
+}
+
 async fn verdicts_of(server: &TestServer, mac: &str) -> Vec<Value> {
     let (status, page) = server
         .json(&format!("/api/v1/events?since=0&limit=1000&node={mac}"))
@@ -143,21 +153,8 @@ async fn health_rules_judge_a_fleet_over_time_and_act_on_the_sick_alone() {
         cfg.budget.max_total = 10;
     })
     .await;
-    let (status, image) = server
-        .publish_query(
-            good_bundle("demo", "1", &noise(20_000, 7)),
-            "?tag=demo:stable",
-        )
-        .await;
-    assert_eq!(status, 201, "{image}");
-    let macs: Vec<String> = (0..100)
-        .map(|i| format!("52-54-00-22-00-{i:02x}"))
-        .collect();
+    let (image, macs) = fleet(&server, "22").await;
     let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
-    for n in &nodes {
-        n.script().await;
-        server.assign(&n.mac, "demo:stable").await;
-    }
     let mut boots = Vec::new();
     for chunk in nodes.chunks(20) {
         boots.extend(join_all(chunk.iter().map(|n| n.boot_to_ready(&image))).await);
@@ -319,21 +316,8 @@ async fn health_rules_judge_a_fleet_over_time_and_act_on_the_sick_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_nodes_that_pass_every_check_are_found_against_their_peers() {
     let server = TestServer::start().await;
-    let (status, image) = server
-        .publish_query(
-            good_bundle("demo", "1", &noise(20_000, 8)),
-            "?tag=demo:stable",
-        )
-        .await;
-    assert_eq!(status, 201, "{image}");
-    let macs: Vec<String> = (0..100)
-        .map(|i| format!("52-54-00-23-00-{i:02x}"))
-        .collect();
+    let (image, macs) = fleet(&server, "23").await;
     let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
-    for n in &nodes {
-        n.script().await;
-        server.assign(&n.mac, "demo:stable").await;
-    }
     let slow = [(7usize, 0.55), (42, 0.62), (88, 0.70)];
     let gemm = |i: usize| match slow.iter().find(|(s, _)| *s == i) {
         Some((_, share)) => 700.0 * share,
@@ -378,5 +362,74 @@ async fn slow_nodes_that_pass_every_check_are_found_against_their_peers() {
         }
     }
     drop(nodes);
+    server.stop().await;
+}
+
+/// Fabric validation at boot: an image that wants two NDR ports at 4X; a node with a
+/// cable trained at 1X and half the rate fails validation naming that port, a node with
+/// both ports right is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_infiniband_link_fails_validation_naming_its_port() {
+    use crate::harness::{file, tar_of};
+    let server = TestServer::start().await;
+    let manifest = crate::harness::manifest("fabric", "1").replace(
+        "[validation]\n",
+        "[validation]\nib-ports = 2\nib-rate-gbps = 400\nib-width = \"4X\"\n",
+    );
+    let bundle = tar_of(&[
+        file("manifest.toml", manifest.as_bytes()),
+        file("vmlinuz", &noise(20_000, 9)),
+        file("initrd.img", b"initrd bytes"),
+    ]);
+    let (status, image) = server.publish_query(bundle, "?tag=fabric:stable").await;
+    assert_eq!(status, 201, "{image}");
+    let port = |i: u32, rate: f64, width: &str| json!({ "port": format!("mlx5_{i}/1"), "state": "ACTIVE", "rate_gbps": rate, "width": width });
+    for (mac, ports, ready) in [
+        (
+            "52-54-00-24-00-01",
+            json!([port(0, 400.0, "4X"), port(1, 400.0, "4X")]),
+            true,
+        ),
+        (
+            "52-54-00-24-00-02",
+            json!([port(0, 400.0, "4X"), port(1, 200.0, "1X")]),
+            false,
+        ),
+    ] {
+        let n = FakeNode::new(&server, mac);
+        n.script().await;
+        server.assign(mac, "fabric:stable").await;
+        let boot = n.boot().await;
+        let artifacts = n.fetch_all(&boot).await;
+        let (status, _) = n.attest(&boot, n.report(&boot, &image, &artifacts)).await;
+        assert_eq!(status, 200);
+        let mut report = healthy();
+        report["ib_ports"] = ports;
+        let (status, verdict) = n.validate(&boot, report).await;
+        assert_eq!(
+            (status, verdict["passed"].as_bool()),
+            (200, Some(ready)),
+            "{verdict}"
+        );
+        if !ready {
+            let reasons: Vec<&str> = verdict["failures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["reason"].as_str().unwrap())
+                .collect();
+            assert!(
+                reasons.iter().any(|r| r.contains("mlx5_1/1 runs at 200")),
+                "{reasons:?}"
+            );
+            assert!(
+                reasons.iter().any(|r| r.contains("mlx5_1/1 is 1X")),
+                "{reasons:?}"
+            );
+            assert_ne!(n.state().await, "ready");
+        } else {
+            assert_eq!(n.state().await, "ready");
+        }
+    }
     server.stop().await;
 }

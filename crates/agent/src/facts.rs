@@ -90,6 +90,13 @@ fn rate_gbps(text: &str) -> Option<f64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// `400 Gb/sec (4X NDR)` as `4X`.
+fn width(text: &str) -> Option<String> {
+    let inner = text.split_once('(')?.1.trim_end_matches(')');
+    let w = inner.split_whitespace().next()?;
+    w.ends_with('X').then(|| w.to_string())
+}
+
 /// Each InfiniBand port's state, rate and error counters for a heartbeat; a reading that
 /// cannot be taken is named in `missing`, never left looking healthy.
 pub fn ib_samples(root: &Path) -> Vec<bootfleet_api::agent::IbPortSample> {
@@ -118,6 +125,7 @@ pub fn ib_samples(root: &Path) -> Vec<bootfleet_api::agent::IbPortSample> {
                 port: format!("{device}/{port}"),
                 state,
                 rate_gbps: rate.as_deref().and_then(rate_gbps),
+                width: rate.as_deref().and_then(width),
                 link_downed,
                 symbol_errors,
                 link_error_recovery,
@@ -245,6 +253,21 @@ mod tests {
         assert_eq!(f.os_release["VERSION_ID"], "12");
         assert_eq!(f.ib_ports[0].state, "4: ACTIVE");
         assert_eq!(f.nics[0].speed_mbps, Some(100_000));
+        // The heartbeat's port readings: what is there, and what is not, by name.
+        w(
+            "sys/class/infiniband/mlx5_0/ports/1/counters/link_downed",
+            "3\n",
+        );
+        w(
+            "sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error",
+            "0\n",
+        );
+        let p = &ib_samples(root.path())[0];
+        assert_eq!(p.port, "mlx5_0/1");
+        assert_eq!(p.state.as_deref(), Some("ACTIVE"));
+        assert_eq!((p.rate_gbps, p.width.as_deref()), (Some(400.0), Some("4X")));
+        assert_eq!(p.link_downed, Some(3));
+        assert_eq!(p.missing, ["link_error_recovery", "port_rcv_errors"]);
         assert_eq!(collect(Path::new("/nonexistent")), SystemFacts::default());
     }
 }

@@ -187,6 +187,7 @@ impl Agent {
                 .checks
                 .push(super::checks::probe(command, *timeout).await);
         }
+        report.ib_ports = super::facts::ib_samples(&self.root);
         let timeout = self
             .probe
             .as_ref()

@@ -196,6 +196,9 @@ pub struct ValidationReport {
     /// node's peers' to catch a node that passes every check but runs slow.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub figures: Vec<Figure>,
+    /// The InfiniBand ports (sysfs), for the image's `ib-*` expectations.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ib_ports: Vec<IbPortSample>,
 }
 
 /// One performance probe's figure: higher is better (a throughput, a bandwidth).
@@ -306,6 +309,8 @@ pub struct IbPortSample {
     pub state: Option<String>,
     /// The link rate, Gb/s.
     pub rate_gbps: Option<f64>,
+    /// The link width (`4X`), from the rate's text (`400 Gb/sec (4X NDR)`).
+    pub width: Option<String>,
     /// `counters/link_downed`: times the link went down (since the driver loaded).
     pub link_downed: Option<u64>,
     pub symbol_errors: Option<u64>,
