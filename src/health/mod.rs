@@ -4,6 +4,7 @@
 //! verdicts they give. Pure but for its memory (bounded); the node service, the one writer
 //! of node state, acts on the verdicts.
 
+pub mod compact;
 pub mod peers;
 pub mod rules;
 pub mod series;

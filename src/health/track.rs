@@ -13,7 +13,7 @@ use super::rules::{Action, Condition, HealthSettings, Rule};
 use super::series::Series;
 use crate::api::Mac;
 use crate::api::agent::{GpuSample, HeartbeatRequest, IbPortSample};
-use crate::api::health::{GpuReading, HealthReading, HealthVerdict, NodeHealth, PortReading};
+use crate::api::health::{HealthVerdict, NodeHealth};
 
 /// The most nodes tracked; past it, the longest silent are forgotten.
 const MAX_NODES: usize = 200_000;
@@ -56,7 +56,9 @@ struct NodeTrack {
     missing_since: BTreeMap<(String, String), i64>,
     /// The verdicts that hold, by (rule, subject).
     holding: BTreeMap<(String, String), HealthVerdict>,
-    readings: VecDeque<HealthReading>,
+    readings: VecDeque<super::compact::Reading>,
+    /// The node's InfiniBand port names, once (readings refer to them by position).
+    port_names: Vec<String>,
 }
 
 /// Every node's health, behind one lock (a heartbeat's update is microseconds).
@@ -199,7 +201,8 @@ impl Health {
             }
         }
         node.holding = holding_now;
-        node.readings.push_back(reading(&at, gpus, ports));
+        let kept = super::compact::Reading::new(now_ms, gpus, ports, &mut node.port_names);
+        node.readings.push_back(kept);
         while node.readings.len() > self.settings.keep_readings {
             node.readings.pop_front();
         }
@@ -212,7 +215,11 @@ impl Health {
         let node = nodes.get(mac)?;
         Some(NodeHealth {
             boot_id: node.boot.clone(),
-            readings: node.readings.iter().cloned().collect(),
+            readings: node
+                .readings
+                .iter()
+                .map(|r| r.view(&node.port_names))
+                .collect(),
             verdicts: node.holding.values().cloned().collect(),
         })
     }
@@ -425,37 +432,6 @@ fn judge(
         }
     }
     out
-}
-
-fn reading(at: &str, gpus: &[GpuSample], ports: &[IbPortSample]) -> HealthReading {
-    HealthReading {
-        at: at.to_string(),
-        gpus: gpus
-            .iter()
-            .map(|g| GpuReading {
-                index: g.index,
-                temperature_c: g.temperature_c,
-                power_w: g.power_w,
-                sm_clock_mhz: g.sm_clock_mhz,
-                throttle_reasons: g
-                    .throttle_reasons
-                    .as_ref()
-                    .map(|r| r.iter().take(MAX_MISSING).map(|s| cut(s)).collect()),
-                ecc_corrected: g.ecc.map(|e| e.volatile_corrected),
-                ecc_uncorrected: g.ecc.map(|e| e.volatile_uncorrected),
-                xids: g.xids,
-            })
-            .collect(),
-        ports: ports
-            .iter()
-            .map(|p| PortReading {
-                port: cut(&p.port),
-                state: p.state.as_deref().map(cut),
-                rate_gbps: p.rate_gbps,
-                link_downed: p.link_downed,
-            })
-            .collect(),
-    }
 }
 
 #[cfg(test)]

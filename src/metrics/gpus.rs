@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::api::Mac;
-use crate::api::agent::{GpuSample, RECENT_XIDS};
+use crate::api::agent::GpuSample;
 
 /// A node silent this long (several heartbeat intervals) drops out of the export.
 pub const STALE_MS: i64 = 5 * 60_000;
@@ -69,9 +69,10 @@ impl GpuTelemetry {
                 uuid: cut(&g.uuid),
                 name: cut(&g.name),
                 pci_bus_id: g.pci_bus_id.as_deref().map(cut),
-                recent_xids: g.recent_xids.iter().take(RECENT_XIDS).copied().collect(),
+                // Kept for what the export reads; the health rules keep their own.
+                recent_xids: Vec::new(),
+                missing: Vec::new(),
                 throttle_reasons: g.throttle_reasons.as_ref().map(|r| short_list(r)),
-                missing: short_list(&g.missing),
                 ..g.clone()
             })
             .collect();
