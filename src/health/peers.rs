@@ -121,6 +121,17 @@ impl Peers {
         &self.settings
     }
 
+    /// Forgets a node's figures (removed): it is nobody's peer any more.
+    pub fn forget(&self, mac: &Mac) {
+        let mut groups = self.groups.lock().expect("peers lock");
+        for g in groups.values_mut() {
+            for by_node in g.values.values_mut() {
+                by_node.remove(mac);
+            }
+            g.slow.retain(|(m, _)| m != mac);
+        }
+    }
+
     /// Takes a node's figures; answers the verdicts, by node, that they give (its own,
     /// and its peers' when the group has grown enough to judge everyone again).
     pub fn observe(
@@ -307,6 +318,21 @@ mod tests {
                 .observe(mac(31), "sha256:aa", &sku(), &gemm(100.0), "t")
                 .len(),
             1
+        );
+    }
+
+    #[test]
+    fn a_forgotten_node_is_nobodys_peer() {
+        let peers = Peers::new(GreySettings::default());
+        for i in 0..9 {
+            peers.observe(mac(i), "sha256:aa", &sku(), &gemm(700.0), "t");
+        }
+        peers.forget(&mac(0));
+        // Eight left and a slow newcomer: nine, too few to judge (ten would be).
+        assert!(
+            peers
+                .observe(mac(50), "sha256:aa", &sku(), &gemm(100.0), "t")
+                .is_empty()
         );
     }
 }

@@ -242,9 +242,10 @@ impl Health {
         node.holding.insert(key, verdict.clone());
     }
 
-    /// Forgets a node (removed).
+    /// Forgets a node (removed), its readings and its figures among its peers.
     pub fn forget(&self, mac: &Mac) {
         self.nodes.lock().expect("health lock").remove(mac);
+        self.peers.forget(mac);
     }
 }
 
@@ -476,16 +477,20 @@ mod tests {
         BTreeMap::new()
     }
 
-    #[test]
-    fn thermal_throttling_is_flagged_after_its_window_not_before() {
-        let h = health(vec![Rule::new(
+    fn hot_for_ten_minutes() -> Rule {
+        Rule::new(
             "hot",
             Condition::Throttled {
                 for_secs: 600,
                 reasons: vec!["HW_THERMAL_SLOWDOWN".into()],
             },
             Action::Flag,
-        )]);
+        )
+    }
+
+    #[test]
+    fn thermal_throttling_is_flagged_after_its_window_not_before() {
+        let h = health(vec![hot_for_ten_minutes()]);
         let mut hot = gpu(2);
         hot.throttle_reasons = Some(vec!["HW_THERMAL_SLOWDOWN".into()]);
         hot.temperature_c = Some(92);
@@ -511,14 +516,7 @@ mod tests {
 
     #[test]
     fn a_break_in_throttling_restarts_its_clock_but_a_missing_reading_does_not() {
-        let h = health(vec![Rule::new(
-            "hot",
-            Condition::Throttled {
-                for_secs: 600,
-                reasons: vec!["HW_THERMAL_SLOWDOWN".into()],
-            },
-            Action::Flag,
-        )]);
+        let h = health(vec![hot_for_ten_minutes()]);
         let mut hot = gpu(0);
         hot.throttle_reasons = Some(vec!["HW_THERMAL_SLOWDOWN".into()]);
         let mut unknown = gpu(0);

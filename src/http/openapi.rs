@@ -63,29 +63,27 @@ pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
 
 /// Every operation's `default` answer: the error body, whatever the status.
 fn error_answers(doc: &mut utoipa::openapi::OpenApi) {
-    {
-        let error = ResponseBuilder::new()
-            .description("An error: 4xx for a request refused, 5xx for a server fault.")
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                        "ErrorBody",
-                    ))))
-                    .build(),
-            )
-            .build();
-        let components = doc.components.get_or_insert_with(Default::default);
-        components
-            .schemas
-            .insert("ErrorBody".into(), crate::api::ErrorBody::schema());
-        for item in doc.paths.paths.values_mut() {
-            for op in item_operations(item) {
-                op.responses
-                    .responses
-                    .entry("default".into())
-                    .or_insert_with(|| RefOr::T(error.clone()));
-            }
+    let error = ResponseBuilder::new()
+        .description("An error: 4xx for a request refused, 5xx for a server fault.")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                    "ErrorBody",
+                ))))
+                .build(),
+        )
+        .build();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components
+        .schemas
+        .insert("ErrorBody".into(), crate::api::ErrorBody::schema());
+    for item in doc.paths.paths.values_mut() {
+        for op in item_operations(item) {
+            op.responses
+                .responses
+                .entry("default".into())
+                .or_insert_with(|| RefOr::T(error.clone()));
         }
     }
 }

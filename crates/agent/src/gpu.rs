@@ -68,8 +68,9 @@ pub fn samples(gpus: &[GpuFacts], xids: &[Xid]) -> Vec<GpuSample> {
                 recent_xids: recent,
                 sm_clock_mhz: g.sm_clock_mhz,
                 sm_clock_max_mhz: g.sm_clock_max_mhz,
-                // NVML answered (even with none) unless the GPU errored.
-                throttle_reasons: g.error.is_none().then(|| g.throttle_reasons.clone()),
+                // None (a missing reading) when NVML did not answer, never "none held".
+                throttle_reasons: (g.error.is_none() && !g.throttle_unreadable)
+                    .then(|| g.throttle_reasons.clone()),
                 row_remap: g.row_remap,
                 pcie_replay: g.pcie_replay,
                 nvlink_errors: g.nvlink_errors,
@@ -212,11 +213,14 @@ fn read_gpu(nvml: &nvml_wrapper::Nvml, index: u32) -> GpuFacts {
             });
         }
     }
-    if let Ok(reasons) = device.current_throttle_reasons() {
-        g.throttle_reasons = reasons
-            .iter_names()
-            .map(|(name, _)| name.to_string())
-            .collect();
+    match device.current_throttle_reasons() {
+        Ok(reasons) => {
+            g.throttle_reasons = reasons
+                .iter_names()
+                .map(|(name, _)| name.to_string())
+                .collect();
+        }
+        Err(_) => g.throttle_unreadable = true,
     }
     {
         use nvml_wrapper::enum_wrappers::device::Clock;
@@ -270,5 +274,29 @@ mod tests {
         assert_eq!((s[0].xids, s[1].xids), (2, 0));
         assert_eq!(s[1].temperature_c, Some(41));
         assert_eq!(s[0].uuid, "GPU-0");
+        assert_eq!(s[0].recent_xids, [79, 79]);
+    }
+
+    /// A reading NVML did not give is missing, by name: never "not throttled", never 0.
+    #[test]
+    fn readings_not_taken_are_missing_not_healthy() {
+        let read = GpuFacts {
+            index: 0,
+            ecc: Some(EccCounts::default()),
+            ..Default::default()
+        };
+        let unreadable = GpuFacts {
+            throttle_unreadable: true,
+            ..read.clone()
+        };
+        let s = samples(&[read, unreadable], &[]);
+        assert_eq!(s[0].throttle_reasons, Some(vec![]));
+        assert_eq!(s[1].throttle_reasons, None);
+        assert!(
+            s[0].missing.contains(&"sm_clock".to_string()),
+            "{:?}",
+            s[0].missing
+        );
+        assert!(!s[0].missing.contains(&"ecc".to_string()));
     }
 }

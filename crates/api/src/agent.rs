@@ -144,6 +144,10 @@ pub struct GpuFacts {
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
     pub throttle_reasons: Vec<String>,
+    /// NVML could not say why the clocks are held down (`throttle_reasons` is then
+    /// empty, which must not read as "not throttled").
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub throttle_unreadable: bool,
     pub sm_clock_mhz: Option<u32>,
     pub sm_clock_max_mhz: Option<u32>,
     /// PCIe replays since the driver loaded.
