@@ -102,6 +102,9 @@ pub struct StoreConfig {
     /// A file holding the PostgreSQL password (first line), kept out of the URL, the
     /// process list and the logs.
     pub password_file: Option<PathBuf>,
+    /// SQLite: writers that may wait for their turn; one more is answered 503 with
+    /// Retry-After, so memory stays bounded under any load [default: 4096].
+    pub max_queued_writes: Option<usize>,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -109,6 +112,7 @@ impl std::fmt::Debug for StoreConfig {
         f.debug_struct("StoreConfig")
             .field("url", &self.url.as_ref().map(|_| "(redacted)"))
             .field("password_file", &self.password_file)
+            .field("max_queued_writes", &self.max_queued_writes)
             .finish()
     }
 }

@@ -45,9 +45,13 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     let blobs = BlobStore::open(data_dir)
         .with_context(|| format!("cannot open blob store in {}", data_dir.display()))?;
     let store_url = cfg.store.url(data_dir)?;
-    let store = crate::store::open(&store_url, cfg.store.password()?.as_deref())
-        .await
-        .with_context(|| format!("cannot open the store {store_url:?}"))?;
+    let store = crate::store::open(
+        &store_url,
+        cfg.store.password()?.as_deref(),
+        cfg.store.max_queued_writes,
+    )
+    .await
+    .with_context(|| format!("cannot open the store {store_url:?}"))?;
     let token = AdminToken::load_or_create(cfg.admin_token_file.as_deref(), data_dir)?;
     let templates = match &cfg.templates_dir {
         Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
@@ -112,6 +116,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         addresses: Default::default(),
         preboot: Default::default(),
         health: std::sync::Arc::new(crate::health::Health::new(cfg.health.clone())),
+        liveness: Default::default(),
     };
     let secrets = cfg
         .power
@@ -230,6 +235,12 @@ pub async fn run_on(
     state.tasks.spawn(crate::rollout::run::run(
         server.rollouts.clone(),
         rolling,
+        state.stopping.clone(),
+    ));
+    // Every server stores what it heard; the last flush runs as it stops.
+    state.tasks.spawn(state.nodes.liveness.clone().run(
+        server.store.clone(),
+        std::time::Duration::from_millis(server.policy.liveness_flush_ms() as u64),
         state.stopping.clone(),
     ));
     // The sweeper's lease also makes one server the event pruner.

@@ -89,6 +89,10 @@ impl From<RegistryError> for ApiError {
 /// not be able to make either as large as it likes.
 pub const ERROR_TEXT_LIMIT: usize = 2048;
 
+/// Retry-After, in seconds, when the store's write queue is full. iPXE honours a 503's
+/// Retry-After by itself (its HTTP core waits and fetches again); the agent adds jitter.
+pub const BUSY_RETRY_AFTER: &str = "1";
+
 fn capped(mut text: String) -> String {
     if text.len() > ERROR_TEXT_LIMIT {
         let mut end = ERROR_TEXT_LIMIT;
@@ -113,7 +117,10 @@ impl IntoResponse for ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             // Errors cross the services as text; an unreachable store's keeps its
             // prefix, so that clients (and load balancers) retry another server.
-            ApiError::Internal(m) if m.contains(crate::registry::STORE_UNAVAILABLE) => {
+            ApiError::Internal(m)
+                if m.contains(crate::registry::STORE_UNAVAILABLE)
+                    || m.contains(crate::registry::STORE_BUSY) =>
+            {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -123,6 +130,8 @@ impl IntoResponse for ApiError {
             ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
         };
         let error = capped(self.to_string());
+        // Too many writers queued: a short wait, as the queue drains in milliseconds.
+        let busy = error.contains(crate::registry::STORE_BUSY);
         if status.is_server_error() {
             tracing::error!(error, "request failed");
         } else {
@@ -130,9 +139,10 @@ impl IntoResponse for ApiError {
         }
         let mut response = (status, Json(crate::api::ErrorBody { error })).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
+            let after = if busy { BUSY_RETRY_AFTER } else { "5" };
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
         }
         if status == StatusCode::TOO_MANY_REQUESTS {
             response

@@ -48,6 +48,7 @@ pub async fn scrape(
         &state.metrics,
         &census,
         queue,
+        state.registry.store.write_stats(),
     )))
 }
 

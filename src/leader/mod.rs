@@ -50,7 +50,7 @@ pub fn hold(
     stop: CancellationToken,
 ) -> watch::Receiver<bool> {
     let (leading, rx) = watch::channel(false);
-    tasks.spawn(async move {
+    tasks.spawn(crate::store::own_task(async move {
         loop {
             let now = match store.lead(role, &holder, now_ms(), TTL.as_millis() as i64).await {
                 Ok(held) => held,
@@ -74,7 +74,7 @@ pub fn hold(
         if let Err(e) = store.resign(role, &holder).await {
             tracing::warn!(role, error = %e, "cannot give up the role; it lapses by itself");
         }
-    });
+    }));
     rx
 }
 

@@ -132,7 +132,12 @@ fn tftp_counters(m: &Metrics) -> Vec<ConstCounters> {
 }
 
 /// Everything, as `/metrics` answers it.
-pub fn encode(m: &Metrics, census: &Census, fetch_queue: usize) -> String {
+pub fn encode(
+    m: &Metrics,
+    census: &Census,
+    fetch_queue: usize,
+    writes: Option<crate::store::WriteStats>,
+) -> String {
     let i = &m.0;
     let mut r = Registry::with_prefix("bootfleet");
     r.register(
@@ -215,6 +220,9 @@ pub fn encode(m: &Metrics, census: &Census, fetch_queue: usize) -> String {
         "Download records waiting to be written",
         gauges([(vec![], i64::try_from(fetch_queue).unwrap_or(i64::MAX))]),
     );
+    if let Some(w) = writes {
+        register_writes(&mut r, w);
+    }
     register_census(&mut r, census);
     r.register_collector(Box::new(dhcp_counters(m)));
     for c in tftp_counters(m) {
@@ -223,6 +231,37 @@ pub fn encode(m: &Metrics, census: &Census, fetch_queue: usize) -> String {
     let mut out = String::with_capacity(64 * 1024);
     prometheus_text::encode(&mut out, &r).expect("writing to a String cannot fail");
     out
+}
+
+/// The embedded store's write path (group commit): its queue, and how many writes each
+/// commit carried (writes over commits).
+fn register_writes(r: &mut Registry, w: crate::store::WriteStats) {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let counter = |v: u64| {
+        let c = prometheus_client::metrics::counter::Counter::<u64>::default();
+        c.inc_by(v);
+        c
+    };
+    r.register(
+        "store_writers_queued",
+        "Writers waiting for their turn to write (past its limit a writer gets 503)",
+        gauges([(vec![], n(w.queued))]),
+    );
+    r.register(
+        "store_commits",
+        "Commits made (each one fsync), each carrying one or more writers' writes",
+        counter(w.commits),
+    );
+    r.register(
+        "store_writes",
+        "Writers whose turn ended in a commit (divide by store_commits for writers per commit)",
+        counter(w.writes),
+    );
+    r.register(
+        "store_writes_refused",
+        "Writers refused because the write queue was full (answered 503 with Retry-After)",
+        counter(w.refused),
+    );
 }
 
 fn register_census(r: &mut Registry, c: &Census) {

@@ -394,7 +394,7 @@ mod tests {
     use super::*;
 
     fn text(m: &Metrics) -> String {
-        expose::encode(m, &census::Census::default(), 0)
+        expose::encode(m, &census::Census::default(), 0, None)
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod boot_guard;
 pub mod controller;
 pub mod directory;
 pub mod drift;
+pub mod liveness;
 pub mod policy;
 pub mod preboot;
 pub mod reimage;

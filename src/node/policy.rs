@@ -116,8 +116,6 @@ fn first_match<T: Copy>(
         .map(|(_, value)| *value)
 }
 
-impl LifecyclePolicy {}
-
 impl LifecyclePolicy {
     /// How long a node in `state` may stay silent; None when it owes us nothing (not yet
     /// booted by us, already unreachable, or held in quarantine).
@@ -132,10 +130,22 @@ impl LifecyclePolicy {
         }
     }
 
-    /// Whether a node last heard from (or last changed state) at `last_seen_ms` is overdue.
+    /// How often each server stores when it last heard its nodes (`node::liveness`): a
+    /// sixth of the heartbeat timeout, between 100 ms and 15 s.
+    pub fn liveness_flush_ms(&self) -> i64 {
+        (self.heartbeat_timeout_secs as i64 * 1000 / 6).clamp(100, 15_000)
+    }
+
+    /// Whether a node last heard from (or last changed state) at `last_seen_ms`, as
+    /// stored, is overdue. A heartbeat is stored up to `liveness_flush_ms` after it came,
+    /// so that much more is allowed to nodes that heartbeat.
     pub fn is_overdue(&self, state: NodeState, last_seen_ms: i64, now_ms: i64) -> bool {
+        let unstored = match state {
+            NodeState::Provisioning => 0,
+            _ => self.liveness_flush_ms(),
+        };
         self.silence_allowed_ms(state)
-            .is_some_and(|allowed| now_ms - last_seen_ms > allowed)
+            .is_some_and(|allowed| now_ms - last_seen_ms > allowed + unstored)
     }
 }
 
@@ -222,9 +232,11 @@ mod tests {
     #[test]
     fn silence_is_judged_by_state() {
         let p = LifecyclePolicy::default();
-        assert!(p.is_overdue(NodeState::Ready, 0, 90_001));
-        assert!(!p.is_overdue(NodeState::Ready, 0, 90_000));
-        assert!(p.is_overdue(NodeState::Reimaging, 0, 100_000));
+        // 90 s, and 15 s for a heartbeat not yet stored.
+        assert_eq!(p.liveness_flush_ms(), 15_000);
+        assert!(p.is_overdue(NodeState::Ready, 0, 105_001));
+        assert!(!p.is_overdue(NodeState::Ready, 0, 105_000));
+        assert!(p.is_overdue(NodeState::Reimaging, 0, 110_000));
         assert!(!p.is_overdue(NodeState::Provisioning, 0, 100_000));
         assert!(p.is_overdue(NodeState::Provisioning, 0, 600_001));
         for quiet in [

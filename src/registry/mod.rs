@@ -19,6 +19,7 @@ use crate::image::bundle::{self, BundleError, BundleLimits};
 use crate::store::{InsertOutcome, NewImage, Store, StoreError, TagOutcome};
 
 /// The prefix of an unreachable store's errors (for the HTTP layer, which names no store).
+pub use crate::store::BUSY as STORE_BUSY;
 pub use crate::store::UNAVAILABLE as STORE_UNAVAILABLE;
 
 #[derive(Clone)]

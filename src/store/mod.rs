@@ -35,6 +35,32 @@ pub enum StoreError {
     Corrupt(String),
     #[error("[store] {0}")]
     Config(String),
+    /// Too many writers queued already (admission control): worth retrying soon; the
+    /// HTTP layer answers 503 with a short Retry-After. The prefix is what it recognises.
+    #[error("{BUSY}: {0} writers queued")]
+    Busy(usize),
+    /// A shared commit (group commit) failed: every writer in it gets its error.
+    #[error("database error: {0}")]
+    Batch(std::sync::Arc<sqlx::Error>),
+}
+
+/// How a store's refusal of one more queued writer begins, wherever it is passed on.
+pub const BUSY: &str = "the store is busy";
+
+tokio::task_local! {
+    static OWN_TASK: ();
+}
+
+/// Runs `work` as one of the server's own tasks, whose writes the write queue's limit
+/// (`[store] max_queued_writes`) never refuses: they are few (one at a time per task),
+/// and what they carry (download records, a leader's lease) has no client to retry it.
+pub async fn own_task<F: std::future::Future>(work: F) -> F::Output {
+    OWN_TASK.scope((), work).await
+}
+
+/// Whether the caller runs inside `own_task`.
+pub(crate) fn in_own_task() -> bool {
+    OWN_TASK.try_with(|_| ()).is_ok()
 }
 
 /// How an unreachable store's errors begin, wherever they are passed on as text.
@@ -114,10 +140,23 @@ impl std::fmt::Debug for StoreUrl {
 }
 
 /// Opens the store `url` names, migrated; `password` (from `[store] password_file`)
-/// overrides one in a PostgreSQL URL.
-pub async fn open(url: &StoreUrl, password: Option<&str>) -> Result<Store, StoreError> {
+/// overrides one in a PostgreSQL URL; `max_queued_writes` bounds SQLite's write queue
+/// (PostgreSQL's writers are bounded by its connection pool).
+pub async fn open(
+    url: &StoreUrl,
+    password: Option<&str>,
+    max_queued_writes: Option<usize>,
+) -> Result<Store, StoreError> {
     match url {
-        StoreUrl::Sqlite(path) => sqlite::open(path).await,
+        StoreUrl::Sqlite(path) => {
+            let queue = max_queued_writes.unwrap_or(sqlite::MAX_QUEUED_WRITES);
+            if queue == 0 {
+                return Err(StoreError::Config("max_queued_writes must be > 0".into()));
+            }
+            Ok(std::sync::Arc::new(
+                sqlite::SqliteStore::open_with(path, queue).await?,
+            ))
+        }
         StoreUrl::Postgres(url) => postgres::open(url, password).await,
     }
 }
@@ -449,9 +488,14 @@ pub trait NodeStore: Send + Sync {
     async fn answer_idempotency_key(&self, key: &str, response: &str) -> Result<(), StoreError>;
     /// Gives a claim back unanswered (the request failed): the next try goes ahead.
     async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError>;
-    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError>;
+    /// Stores when each node was last heard, in one write (`node::liveness` gathers
+    /// them); a time never moves back (another server may have heard it later).
+    async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError>;
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
+    /// Whether a revalidation request waits (a read: the heartbeat writes only when one
+    /// does).
+    async fn revalidate_pending(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// Nodes and when we last heard from them: the later of their last heartbeat and
@@ -821,6 +865,21 @@ pub trait Backend:
     async fn ping(&self) -> Result<(), StoreError>;
     /// Writes and commits `server`'s row in `write_probes`: proof that writes go through.
     async fn probe_write(&self, server: &str, now_ms: i64) -> Result<(), StoreError>;
+    /// This process's write path, where the store queues writers itself (SQLite's group
+    /// commit); None where the database does (PostgreSQL).
+    fn write_stats(&self) -> Option<WriteStats> {
+        None
+    }
+}
+
+/// Writers queued, commits made and the writes they carried, refusals at the queue's
+/// limit: counted since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    pub queued: u64,
+    pub commits: u64,
+    pub writes: u64,
+    pub refused: u64,
 }
 
 /// The store as the services hold it.

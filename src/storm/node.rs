@@ -464,23 +464,53 @@ async fn heartbeats(
 /// iPXE's own back-off between failed fetches in our scripts, roughly.
 const HTTP_RETRY_DELAYS: [u64; 5] = [1, 2, 4, 8, 16];
 
+/// A 503 with Retry-After is waited out and fetched again, as iPXE's HTTP core does by
+/// itself, this many times at most; it is not one of the script's own retries.
+const HTTP_503_RETRIES: u32 = 60;
+
 async fn get_text(http: &reqwest::Client, url: &str, r: &mut NodeResult) -> Result<String, String> {
     let mut last = String::new();
+    let mut waited_out = 0;
     for (i, delay) in std::iter::once(0).chain(HTTP_RETRY_DELAYS).enumerate() {
         if i > 0 {
             r.retry("http retry", 1);
             tokio::time::sleep(Duration::from_secs(delay)).await;
         }
-        match http.get(url).send().await {
-            Ok(resp) if resp.status().is_success() => match resp.text().await {
-                Ok(t) => return Ok(t),
-                Err(e) => last = e.to_string(),
-            },
-            Ok(resp) => last = format!("{url}: {}", resp.status()),
-            Err(e) => last = format!("{url}: {e}"),
+        loop {
+            match http.get(url).send().await {
+                Ok(resp) if resp.status().is_success() => match resp.text().await {
+                    Ok(t) => return Ok(t),
+                    Err(e) => last = e.to_string(),
+                },
+                Ok(resp) => {
+                    last = format!("{url}: {}", resp.status());
+                    if resp.status() == 503
+                        && waited_out < HTTP_503_RETRIES
+                        && let Some(after) = retry_after(&resp)
+                    {
+                        waited_out += 1;
+                        r.retry("http 503 retry-after", 1);
+                        tokio::time::sleep(after).await;
+                        continue;
+                    }
+                }
+                Err(e) => last = format!("{url}: {e}"),
+            }
+            break;
         }
     }
     Err(last)
+}
+
+/// A response's Retry-After in seconds.
+fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+    let secs = resp.headers().get(reqwest::header::RETRY_AFTER)?;
+    secs.to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 /// The URL an entry script chains to, with the iPXE variables it uses filled in.
@@ -638,7 +668,15 @@ impl Agent<'_> {
                     let text = resp.text().await.unwrap_or_default();
                     return Err(format!("{route}: {status}: {text}"));
                 }
-                Ok(_) | Err(_) => {}
+                Ok(resp) => {
+                    // As the agent: the server's Retry-After when longer, with jitter.
+                    let asked = retry_after(&resp).unwrap_or_default().max(wait);
+                    r.retry("agent retry", 1);
+                    tokio::time::sleep(asked.mul_f64(0.5 + rand::random::<f64>())).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+                Err(_) => {}
             }
             r.retry("agent retry", 1);
             tokio::time::sleep(wait).await;

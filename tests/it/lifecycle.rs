@@ -323,6 +323,43 @@ async fn attestation_compares_what_this_boot_actually_fetched() {
     server.stop().await;
 }
 
+/// `bootfleet_store_writes_total`: writers whose turn ended in a commit.
+async fn store_writes(server: &TestServer) -> u64 {
+    let metrics = server.text("/metrics").await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("bootfleet_store_writes_total "))
+        .expect("the write counter is exported");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Heartbeats that change nothing write nothing: what was heard is stored in one write
+/// per flush (a sixth of the timeout), and a node that keeps beating stays ready past
+/// its timeout many times over.
+#[tokio::test]
+async fn a_beating_node_stays_ready_and_its_heartbeats_are_stored_in_batches() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.lifecycle.heartbeat_timeout_secs = 2;
+    })
+    .await;
+    let image = publish_tagged(&server, "1", 6).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-06");
+    server.assign(&node.mac, "demo:stable").await;
+    let boot = node.boot_to_ready(&image).await;
+    let before = store_writes(&server).await;
+    // 40 heartbeats over 4 s: twice the timeout, eight flushes (one every 333 ms).
+    for _ in 0..40 {
+        let (status, answer) = node.heartbeat(&boot, None).await;
+        assert_eq!((status, answer["action"].as_str()), (200, Some("none")));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(node.state().await, "ready");
+    let writes = store_writes(&server).await - before;
+    // Two writes a heartbeat before (its time, and the revalidation flag).
+    assert!(writes <= 16, "{writes} writes for 40 heartbeats");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_silent_node_becomes_unreachable_and_is_revalidated_when_back() {
     let server = TestServer::start_configured(|cfg| {

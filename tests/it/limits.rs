@@ -338,3 +338,63 @@ async fn readyz_fails_while_the_disk_is_full_and_recovers() {
     assert_eq!(status, 200, "{body}");
     server.stop().await;
 }
+
+/// Past `[store] max_queued_writes`, a request that must write is answered 503 with
+/// Retry-After: 1 at once (memory stays bounded whatever the load), and a retry goes
+/// through: nothing is lost, nothing half-written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_past_the_queue_get_503_with_retry_after_and_a_retry_succeeds() {
+    let server = TestServer::start_configured(|cfg| cfg.store.max_queued_writes = Some(1)).await;
+    let macs: Vec<String> = (0..200)
+        .map(|i| format!("02-00-00-00-{:02x}-{:02x}", i / 256, i % 256))
+        .collect();
+    let fetch = |mac: String| {
+        let request = server.get(&format!("/boot/node.ipxe?mac={mac}"));
+        async move {
+            let r = request.send().await.unwrap();
+            let after = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            (mac, r.status().as_u16(), after)
+        }
+    };
+    let first = futures_util::future::join_all(macs.iter().cloned().map(fetch)).await;
+    let refused: Vec<String> = first
+        .iter()
+        .filter(|(_, status, _)| *status != 200)
+        .map(|(mac, status, after)| {
+            assert_eq!(*status, 503, "{mac}");
+            assert_eq!(after.as_deref(), Some("1"), "{mac}");
+            mac.clone()
+        })
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "200 writers at once with a queue of 1: none refused"
+    );
+    for mac in &refused {
+        let (_, status, _) = fetch(mac.clone()).await;
+        assert_eq!(status, 200, "{mac} on retry");
+    }
+    let (status, nodes) = server.json("/api/v1/nodes").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        nodes.as_array().map(Vec::len),
+        Some(200),
+        "every MAC recorded once"
+    );
+    let metrics = server.text("/metrics").await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("bootfleet_store_writes_refused_total "))
+        .expect("the refusal counter is exported");
+    // Every refused request counted (a background task's refused write may add to it).
+    let counted: usize = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        counted >= refused.len(),
+        "{line}: {} requests refused",
+        refused.len()
+    );
+    server.stop().await;
+}

@@ -211,7 +211,7 @@ async fn a_server_whose_store_is_unreachable_says_so_and_recovers() {
     server.assign(&mac, "demo:stable").await;
     let directory_store = {
         let u = bootfleet::store::StoreUrl::parse(&url).unwrap();
-        bootfleet::store::open(&u, None).await.unwrap()
+        bootfleet::store::open(&u, None, None).await.unwrap()
     };
     let directory = bootfleet::node::directory::StoreDirectory {
         preboot: Default::default(),

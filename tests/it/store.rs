@@ -33,7 +33,7 @@ impl Db {
             Db::Sqlite(dir) => StoreUrl::Sqlite(dir.path().join("bootfleet.db")),
             Db::Postgres(url) => StoreUrl::parse(url).unwrap(),
         };
-        bootfleet::store::open(&url, None).await.unwrap()
+        bootfleet::store::open(&url, None, None).await.unwrap()
     }
 }
 
@@ -884,7 +884,7 @@ async fn postgres_wakes_event_readers_on_every_server() {
 async fn sqlite_writes_recover_after_the_disk_was_full() {
     let fs = Tmpfs::mount("4m");
     let url = StoreUrl::Sqlite(fs.path().join("bootfleet.db"));
-    let store = bootfleet::store::open(&url, None).await.unwrap();
+    let store = bootfleet::store::open(&url, None, None).await.unwrap();
     // Fill the disk, then write until the store says it is full.
     let filler = fs.path().join("filler");
     {

@@ -48,6 +48,38 @@ pub enum Outcome {
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
+/// A 503's or 429's Retry-After in seconds (the HTTP-date form is not sent by bootfleet).
+fn retry_after(r: &reqwest::Response) -> Option<Duration> {
+    let secs = r
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?;
+    secs.trim().parse().ok().map(Duration::from_secs)
+}
+
+/// The pause before a retry: the back-off, or the server's Retry-After when it asks for
+/// longer, spread by `jitter` (0 to 1) over half to one and a half times that, so that
+/// nodes refused together (a storm past the server's write queue) do not come back
+/// together.
+fn retry_wait(backoff: Duration, asked: Option<Duration>, jitter: f64) -> Duration {
+    let base = asked.map_or(backoff, |a| a.max(backoff));
+    base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
+}
+
+/// A number from 0 to 1, different each call and each process: std's hasher keys are
+/// random per process, and a counter makes each call's input new. Not for secrets.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 impl Agent {
     /// POSTs `body` to `route` until the server gives a definite answer.
     async fn post(&self, route: &str, body: &impl Serialize) -> (u16, Value) {
@@ -70,13 +102,21 @@ impl Agent {
                         serde_json::from_str(&text).unwrap_or(Value::String(text)),
                     );
                 }
-                Ok(r) => eprintln!(
-                    "bootfleet-agent: {route}: server answered {}; retrying in {wait:?}",
-                    r.status()
-                ),
-                Err(e) => eprintln!("bootfleet-agent: {route}: {e}; retrying in {wait:?}"),
+                Ok(r) => {
+                    let asked = retry_after(&r);
+                    let pause = retry_wait(wait, asked, jitter());
+                    eprintln!(
+                        "bootfleet-agent: {route}: server answered {}; retrying in {pause:?}",
+                        r.status()
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    let pause = retry_wait(wait, None, jitter());
+                    eprintln!("bootfleet-agent: {route}: {e}; retrying in {pause:?}");
+                    tokio::time::sleep(pause).await;
+                }
             }
-            tokio::time::sleep(wait).await;
             wait = (wait * 2).min(MAX_RETRY);
         }
     }
@@ -268,5 +308,29 @@ impl Agent {
             }
             tokio::time::sleep(self.heartbeat_every).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_waits_for_what_the_server_asked_spread_by_jitter() {
+        let s = Duration::from_secs;
+        // The back-off alone, from half to one and a half of it.
+        assert_eq!(retry_wait(s(4), None, 0.0), s(2));
+        assert_eq!(retry_wait(s(4), None, 1.0), s(6));
+        // A longer Retry-After wins; a shorter one does not cut the back-off.
+        assert_eq!(retry_wait(s(1), Some(s(10)), 0.5), s(10));
+        assert_eq!(retry_wait(s(8), Some(s(1)), 0.5), s(8));
+    }
+
+    #[test]
+    fn jitter_spreads_over_zero_to_one() {
+        let draws: Vec<f64> = (0..1000).map(|_| jitter()).collect();
+        assert!(draws.iter().all(|j| (0.0..1.0).contains(j)));
+        let low = draws.iter().filter(|j| **j < 0.5).count();
+        assert!((350..650).contains(&low), "{low} of 1000 below 0.5");
     }
 }

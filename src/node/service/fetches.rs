@@ -50,7 +50,7 @@ impl FetchRecorder {
     pub fn start(store: Store, metrics: crate::metrics::Metrics) -> Self {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let timed = metrics.clone();
-        tokio::spawn(async move {
+        tokio::spawn(crate::store::own_task(async move {
             let mut batch = Vec::with_capacity(BATCH);
             while rx.recv_many(&mut batch, BATCH).await > 0 {
                 // Every record queued before a flush in this batch is written below,
@@ -76,7 +76,7 @@ impl FetchRecorder {
                     let _ = done.send(());
                 }
             }
-        });
+        }));
         Self {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),

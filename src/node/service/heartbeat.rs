@@ -54,10 +54,10 @@ impl NodeService {
             return Err(Refusal::NotAttested.into());
         }
         let store = &self.store;
-        store.record_heartbeat(&req.mac).await?;
-        let node = store.node(&req.mac).await?.ok_or(Refusal::BadToken)?;
         let mac = &req.mac;
         let now_ms = crate::clock::now_ms();
+        self.liveness.heard(*mac, now_ms);
+        let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
         self.controller
             .metrics()
             .gpus()
@@ -116,7 +116,8 @@ impl NodeService {
             }
             return Ok(answer(NextAction::None, drift));
         }
-        if store.take_revalidate(mac).await? {
+        // Read first: a heartbeat that changes nothing writes nothing.
+        if store.revalidate_pending(mac).await? && store.take_revalidate(mac).await? {
             return Ok(answer(NextAction::Revalidate, drift));
         }
         Ok(answer(NextAction::None, drift))

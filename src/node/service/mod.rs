@@ -64,6 +64,8 @@ pub struct NodeService {
     pub preboot: Arc<crate::node::preboot::Preboot>,
     /// Each node's readings over time and the `[health]` rules' verdicts on them.
     pub health: Arc<crate::health::Health>,
+    /// When nodes were last heard, stored in batches (a heartbeat writes nothing itself).
+    pub liveness: Arc<crate::node::liveness::Liveness>,
 }
 
 /// What a boot needs of an image, parsed once per digest.

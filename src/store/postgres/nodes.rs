@@ -406,13 +406,26 @@ impl NodeStore for PgStore {
             .await?;
         Ok(())
     }
-    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
-        sqlx::query("UPDATE nodes SET last_heartbeat_ms = $1 WHERE mac = $2")
-            .bind(now_ms())
-            .bind(mac.to_string())
-            .execute(&self.pool)
-            .await?;
+    async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError> {
+        let macs: Vec<String> = heard.iter().map(|(m, _)| m.to_string()).collect();
+        let at: Vec<i64> = heard.iter().map(|(_, at)| *at).collect();
+        sqlx::query(
+            "UPDATE nodes SET last_heartbeat_ms = GREATEST(COALESCE(nodes.last_heartbeat_ms, 0), h.at)
+             FROM UNNEST($1::TEXT[], $2::BIGINT[]) AS h(mac, at) WHERE nodes.mac = h.mac",
+        )
+        .bind(macs)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
         Ok(())
+    }
+    async fn revalidate_pending(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let row: Option<(bool,)> =
+            sqlx::query_as("SELECT revalidate_requested FROM nodes WHERE mac = $1")
+                .bind(mac.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.is_some_and(|(pending,)| pending))
     }
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = TRUE WHERE mac = $1")

@@ -37,9 +37,9 @@ impl EventStore for SqliteStore {
         mac: Option<&Mac>,
         data: &serde_json::Value,
     ) -> Result<(), StoreError> {
-        let _gate = self.write_gate().await;
-        let mut conn = self.pool.acquire().await?;
-        insert_event(&mut conn, kind, mac, data, now_ms()).await?;
+        let mut tx = self.write_tx().await?;
+        insert_event(&mut tx, kind, mac, data, now_ms()).await?;
+        tx.commit().await?;
         self.notify_events();
         Ok(())
     }
@@ -71,7 +71,7 @@ impl EventStore for SqliteStore {
     }
     /// The newest event's seq (0 when there is none).
     async fn prune_events(&self, before_ms: i64, keep: i64, batch: i64) -> Result<u64, StoreError> {
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         // The oldest first, so the scan stops early; the newest row always stays.
         let gone = sqlx::query(
             "DELETE FROM events WHERE seq IN (
@@ -83,9 +83,10 @@ impl EventStore for SqliteStore {
         .bind(before_ms)
         .bind(keep)
         .bind(batch)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
+        tx.commit().await?;
         Ok(gone)
     }
     async fn events_head(&self) -> Result<i64, StoreError> {
@@ -110,16 +111,16 @@ impl WebhookStore for SqliteStore {
         Ok(row.map(|r| r.0))
     }
     async fn set_webhook_cursor(&self, url: &str, seq: i64) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         sqlx::query(
             "INSERT INTO webhook_cursors (url, seq) VALUES (?, ?)
              ON CONFLICT (url) DO UPDATE SET seq = excluded.seq",
         )
         .bind(url)
         .bind(seq)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

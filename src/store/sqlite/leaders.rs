@@ -14,8 +14,7 @@ impl LeaderStore for SqliteStore {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (SqliteStore::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         let n = sqlx::query(
             "INSERT INTO leaders (role, holder, expires_ms) VALUES (?1, ?2, ?3)
              ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_ms = excluded.expires_ms
@@ -25,18 +24,20 @@ impl LeaderStore for SqliteStore {
         .bind(holder)
         .bind(now_ms + ttl_ms)
         .bind(now_ms)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
+        tx.commit().await?;
         Ok(n == 1)
     }
     async fn resign(&self, role: &str, holder: &str) -> Result<(), StoreError> {
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         sqlx::query("DELETE FROM leaders WHERE role = ? AND holder = ?")
             .bind(role)
             .bind(holder)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

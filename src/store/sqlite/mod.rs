@@ -4,6 +4,7 @@
 
 mod boots;
 mod events;
+mod group_commit;
 mod images;
 mod leaders;
 mod leases;
@@ -26,6 +27,11 @@ use crate::store::{Backend, Store, StoreError};
 /// The database's name in the data directory, when `[store] url` names none.
 pub const DATABASE_FILE: &str = "bootfleet.db";
 
+/// Writers that may queue for their turn; one more is refused (`StoreError::Busy`). A
+/// queued writer holds its request (a few KiB); 4,096 of them bound that memory to a few
+/// MiB, and at a batch's pace (a few ms for hundreds) none waits long.
+pub const MAX_QUEUED_WRITES: usize = 4096;
+
 /// Opens (creating) the database at `path`, migrated.
 pub async fn open(path: &Path) -> Result<Store, StoreError> {
     Ok(std::sync::Arc::new(SqliteStore::open(path).await?))
@@ -35,81 +41,23 @@ pub async fn open(path: &Path) -> Result<Store, StoreError> {
 pub struct SqliteStore {
     pool: SqlitePool,
     read_pool: SqlitePool,
-    /// Every write in this process queues here (see `write_gate`).
-    write_gate: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Every write in this process queues here, and shares its commit (`group_commit`).
+    writes: std::sync::Arc<group_commit::GroupCommit>,
     /// Bumped after every commit that wrote events (see `events`).
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
     node_cache: std::sync::Arc<node_cache::NodeCache>,
 }
 
-/// A write transaction holding its turn at the write gate until it ends.
-pub(crate) struct WriteTx {
-    /// None once committed (or handed to the rollback task).
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>,
-    gate: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-// The transaction is ours (BEGIN IMMEDIATE, COMMIT, ROLLBACK as statements), not
-// sqlx's `Transaction`: when a COMMIT failed (database or disk full), sqlx's went on
-// counting the transaction as open, and the pooled connection refused every later write
-// with "non-zero transaction depth" after space came back. Here a connection whose
-// transaction did not end cleanly is closed, never handed out again.
-impl WriteTx {
-    pub(crate) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        let mut conn = self.conn.take().expect("a transaction commits once");
-        let done = sqlx::query("COMMIT").execute(&mut *conn).await;
-        if done.is_err() {
-            // A failed COMMIT can leave the transaction open.
-            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-                conn.close_on_drop();
-            }
-        }
-        drop(conn);
-        done.map(|_| ())
-    }
-}
-
-impl Drop for WriteTx {
-    /// Not committed (an early return, an error): rolled back before the write gate is
-    /// given up, so the next writer finds the lock free; a connection that cannot roll
-    /// back is closed (SQLite rolls back on close).
-    fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        let gate = self.gate.take();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-                        conn.close_on_drop();
-                    }
-                    drop(conn);
-                    drop(gate);
-                });
-            }
-            Err(_) => conn.close_on_drop(),
-        }
-    }
-}
-
-impl std::ops::Deref for WriteTx {
-    type Target = sqlx::SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        self.conn.as_deref().expect("open until committed")
-    }
-}
-
-impl std::ops::DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        self.conn.as_deref_mut().expect("open until committed")
-    }
-}
+pub(crate) use group_commit::WriteTx;
 
 impl SqliteStore {
     /// Opens (creating) `path`, in WAL mode, and applies the embedded migrations.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, MAX_QUEUED_WRITES).await
+    }
+    /// `open`, with at most `max_queued_writes` writers waiting for their turn.
+    pub async fn open_with(path: &Path, max_queued_writes: usize) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -137,32 +85,16 @@ impl SqliteStore {
         Ok(Self {
             pool,
             read_pool,
-            write_gate: Default::default(),
+            writes: group_commit::GroupCommit::new(max_queued_writes),
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             node_cache: Default::default(),
         })
     }
-    /// A write transaction. `BEGIN IMMEDIATE` takes the write lock up front: a deferred
-    /// transaction that reads and then writes fails with SQLITE_BUSY, without waiting,
-    /// when another writer committed in between. Writers queue on `write_gate` first.
+    /// A write transaction: this writer's part of a shared commit (`group_commit`).
+    /// Writers queue in process, in order: SQLite's own wait for its write lock is a
+    /// sleep of 1 to 100 ms between tries, during which the lock often sits free.
     pub(crate) async fn write_tx(&self) -> Result<WriteTx, StoreError> {
-        let gate = self.write_gate().await;
-        let mut conn = self.pool.acquire().await?;
-        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            conn.close_on_drop();
-            return Err(e.into());
-        }
-        Ok(WriteTx {
-            conn: Some(conn),
-            gate: Some(gate),
-        })
-    }
-    /// Our turn to write. SQLite's own wait for its write lock is a sleep of 1 to 100 ms
-    /// between tries, during which the lock often sits free: with a few writers at once
-    /// (a boot storm's boot records, attestations, validations) most of the time went to
-    /// those sleeps. Queued here, writers take the lock one after another, in order.
-    pub(crate) async fn write_gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
-        self.write_gate.clone().lock_owned().await
+        self.writes.begin(&self.pool).await
     }
 }
 
@@ -194,5 +126,8 @@ impl Backend for SqliteStore {
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+    fn write_stats(&self) -> Option<crate::store::WriteStats> {
+        Some(self.writes.stats())
     }
 }

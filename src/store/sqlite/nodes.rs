@@ -252,14 +252,14 @@ impl NodeStore for SqliteStore {
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         sqlx::query("UPDATE nodes SET assigned_ref = ?, version = version + 1, updated_at_ms = ? WHERE mac = ?")
             .bind(reference)
             .bind(now_ms())
             .bind(mac.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         self.node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
@@ -372,8 +372,7 @@ impl NodeStore for SqliteStore {
         mac: &Mac,
         stale_ms: i64,
     ) -> Result<KeyClaim, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         let now = now_ms();
         // An empty response marks a claim not yet answered. The insert, or the takeover
         // of a stale claim, is one statement: two tries cannot both win it.
@@ -386,18 +385,20 @@ impl NodeStore for SqliteStore {
         .bind(mac.to_string())
         .bind(now)
         .bind(now - stale_ms)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?
         .rows_affected()
             == 1;
         if claimed {
+            tx.commit().await?;
             return Ok(KeyClaim::Claimed);
         }
         let (mac, response): (String, String) =
             sqlx::query_as("SELECT mac, response FROM reimage_requests WHERE key = ?")
                 .bind(key)
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *tx)
                 .await?;
+        tx.commit().await?;
         Ok(if response.is_empty() {
             KeyClaim::InProgress { mac }
         } else {
@@ -405,56 +406,69 @@ impl NodeStore for SqliteStore {
         })
     }
     async fn answer_idempotency_key(&self, key: &str, response: &str) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         sqlx::query("UPDATE reimage_requests SET response = ? WHERE key = ?")
             .bind(response)
             .bind(key)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
     async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         sqlx::query("DELETE FROM reimage_requests WHERE key = ? AND response = ''")
             .bind(key)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
-    async fn record_heartbeat(&self, mac: &Mac) -> Result<(), StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
-        sqlx::query("UPDATE nodes SET last_heartbeat_ms = ? WHERE mac = ?")
-            .bind(now_ms())
+    async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        for (mac, at_ms) in heard {
+            sqlx::query(
+                "UPDATE nodes SET last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?)
+                 WHERE mac = ?",
+            )
+            .bind(at_ms)
             .bind(mac.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+    async fn revalidate_pending(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let row: Option<(i64,)> =
+            sqlx::query_as("SELECT revalidate_requested FROM nodes WHERE mac = ?")
+                .bind(mac.to_string())
+                .fetch_optional(&self.read_pool)
+                .await?;
+        Ok(row.is_some_and(|(pending,)| pending != 0))
     }
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = 1 WHERE mac = ?")
             .bind(mac.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?
             .rows_affected();
+        tx.commit().await?;
         Ok(n == 1)
     }
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
-        // Autocommit writes queue at the gate too (Store::write_gate).
-        let _gate = self.write_gate().await;
+        let mut tx = self.write_tx().await?;
         let n = sqlx::query(
             "UPDATE nodes SET revalidate_requested = 0 WHERE mac = ? AND revalidate_requested = 1",
         )
         .bind(mac.to_string())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
+        tx.commit().await?;
         Ok(n == 1)
     }
     /// Nodes and when we last heard from them: the later of their last heartbeat and

@@ -1,0 +1,420 @@
+//! Group commit: concurrent writers share one SQLite transaction, and one fsync, each in
+//! a savepoint of its own; each is answered only once the shared COMMIT is durable.
+//!
+//! Why: with `synchronous = FULL` every COMMIT syncs the WAL, and in a boot storm
+//! thousands of small writes (boot records, attestations, validations) queued one sync
+//! each. Here a writer takes its turn at the gate (FIFO), joins the open batch (or opens
+//! one with `BEGIN IMMEDIATE`), writes inside `SAVEPOINT member`, releases it and gives up
+//! the gate to the next writer. Each batch has one closer, a task queued at the gate when
+//! the batch opens: it gets its turn after every writer that queued before it, commits
+//! the batch and tells its members. A writer that fails rolls back to its savepoint only:
+//! the others' writes stand, and each writer's own writes commit whole or not at all, as
+//! they did with a transaction each. If the COMMIT itself fails, every member hears so.
+//!
+//! Admission control lives here too: a writer arriving when `max_waiting` are already
+//! queued is refused at once with `StoreError::Busy` (the HTTP layer's 503 with
+//! Retry-After), so the memory of requests waiting to write stays bounded. The server's
+//! own tasks (`store::own_task`) are never refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Sqlite, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard, watch};
+
+use crate::store::StoreError;
+
+/// What a batch's members learn when it ends: committed, or the commit's error.
+type Outcome = Option<Result<(), Arc<sqlx::Error>>>;
+
+/// The transaction open at the gate, shared by the writers of one batch.
+struct Batch {
+    id: u64,
+    conn: PoolConnection<Sqlite>,
+    ended: watch::Sender<Outcome>,
+    members: usize,
+}
+
+/// The gate's state: the open batch, if any.
+#[derive(Default)]
+pub(crate) struct Open(Option<Batch>);
+
+pub(crate) struct GroupCommit {
+    gate: Arc<Mutex<Open>>,
+    /// Writers queued at the gate now (for admission control and the metric).
+    waiting: AtomicUsize,
+    max_waiting: usize,
+    next_id: AtomicU64,
+    /// Batches committed, and writers in them (the mean batch size is their ratio).
+    batches: AtomicU64,
+    members: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit")
+            .field("waiting", &self.waiting.load(Ordering::Relaxed))
+            .field("max_waiting", &self.max_waiting)
+            .finish()
+    }
+}
+
+/// One writer's part of a batch: open (between `SAVEPOINT` and `RELEASE`) until committed
+/// or dropped; holds the gate until then.
+pub(crate) struct WriteTx {
+    /// None once committed (or handed to the rollback task).
+    gate: Option<OwnedMutexGuard<Open>>,
+    ended: watch::Receiver<Outcome>,
+}
+
+/// Counts a writer as queued while it waits for the gate, dropped or not.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl GroupCommit {
+    pub(crate) fn new(max_waiting: usize) -> Arc<Self> {
+        Arc::new(Self {
+            gate: Default::default(),
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+            next_id: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            members: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// Writers queued at the gate now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn stats(&self) -> crate::store::WriteStats {
+        crate::store::WriteStats {
+            queued: self.waiting() as u64,
+            commits: self.batches.load(Ordering::Relaxed),
+            writes: self.members.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A writer's turn: its own savepoint in the open batch (opening one if none is).
+    pub(crate) async fn begin(self: &Arc<Self>, pool: &SqlitePool) -> Result<WriteTx, StoreError> {
+        let queued = self.waiting.fetch_add(1, Ordering::Relaxed);
+        let counted = Queued(&self.waiting);
+        if queued >= self.max_waiting && !crate::store::in_own_task() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Busy(queued));
+        }
+        let mut gate = self.gate.clone().lock_owned().await;
+        drop(counted);
+        if gate.0.is_none() {
+            gate.0 = Some(self.open_batch(pool).await?);
+        }
+        let batch = gate.0.as_mut().expect("opened above");
+        if let Err(e) = sqlx::query("SAVEPOINT member")
+            .execute(&mut *batch.conn)
+            .await
+        {
+            // The batch's connection is broken: end it for everyone in it.
+            let batch = gate.0.take().expect("open");
+            return Err(end_broken(batch, e));
+        }
+        batch.members += 1;
+        let ended = batch.ended.subscribe();
+        Ok(WriteTx {
+            gate: Some(gate),
+            ended,
+        })
+    }
+
+    /// `BEGIN IMMEDIATE` takes the write lock up front (a deferred transaction that reads
+    /// and then writes fails with SQLITE_BUSY, without waiting, when another connection
+    /// wrote in between), and its closer queues at the gate behind the writers already
+    /// there.
+    async fn open_batch(self: &Arc<Self>, pool: &SqlitePool) -> Result<Batch, StoreError> {
+        let mut conn = pool.acquire().await?;
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+            conn.close_on_drop();
+            return Err(e.into());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let group = self.clone();
+        tokio::spawn(async move { group.close(id).await });
+        Ok(Batch {
+            id,
+            conn,
+            ended: watch::Sender::new(None),
+            members: 0,
+        })
+    }
+
+    /// The closer of batch `id`: commits it when its turn at the gate comes.
+    async fn close(self: Arc<Self>, id: u64) {
+        let mut gate = self.gate.clone().lock_owned().await;
+        if gate.0.as_ref().is_none_or(|b| b.id != id) {
+            return; // Ended already (its connection broke).
+        }
+        let Batch {
+            mut conn,
+            ended,
+            members,
+            ..
+        } = gate.0.take().expect("checked above");
+        let done = sqlx::query("COMMIT").execute(&mut *conn).await;
+        if done.is_err() {
+            // A failed COMMIT can leave the transaction open; a connection that cannot
+            // end it is closed (SQLite rolls back on close), never handed out again.
+            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                conn.close_on_drop();
+            }
+        }
+        drop(conn);
+        drop(gate);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.members.fetch_add(members as u64, Ordering::Relaxed);
+        ended.send_replace(Some(done.map(|_| ()).map_err(Arc::new)));
+    }
+}
+
+/// Ends a batch whose connection failed mid-way: rolled back (by closing), every member
+/// told.
+fn end_broken(mut batch: Batch, e: sqlx::Error) -> StoreError {
+    batch.conn.close_on_drop();
+    let e = Arc::new(e);
+    batch.ended.send_replace(Some(Err(e.clone())));
+    StoreError::Batch(e)
+}
+
+impl WriteTx {
+    /// Releases this writer's savepoint into the batch, gives the gate to the next writer
+    /// and waits until the batch is durable (or its commit failed).
+    pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
+        let mut gate = self.gate.take().expect("a transaction commits once");
+        let batch = gate.0.as_mut().expect("open while a member holds the gate");
+        if let Err(e) = sqlx::query("RELEASE member")
+            .execute(&mut *batch.conn)
+            .await
+        {
+            let batch = gate.0.take().expect("open");
+            let _ = end_broken(batch, e);
+        }
+        drop(gate);
+        let ended = self
+            .ended
+            .wait_for(Option::is_some)
+            .await
+            .map(|o| o.clone().expect("waited for"));
+        match ended {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Batch(e)),
+            // The closer was dropped (the runtime is stopping): nothing of it committed.
+            Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
+        }
+    }
+}
+
+impl Drop for WriteTx {
+    /// Not committed (an early return, an error): this writer's savepoint is rolled back
+    /// before the gate is given up, so the batch goes on without its writes. A batch that
+    /// cannot roll back to it ends for everyone (its connection closed, rolling back).
+    fn drop(&mut self) {
+        let Some(mut gate) = self.gate.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let batch = gate.0.as_mut().expect("open while a member holds the gate");
+                    let undone = async {
+                        sqlx::query("ROLLBACK TO member")
+                            .execute(&mut *batch.conn)
+                            .await?;
+                        sqlx::query("RELEASE member")
+                            .execute(&mut *batch.conn)
+                            .await
+                    };
+                    if let Err(e) = undone.await {
+                        let batch = gate.0.take().expect("open");
+                        let _ = end_broken(batch, e);
+                    }
+                    drop(gate);
+                });
+            }
+            Err(_) => {
+                let batch = gate.0.take().expect("open");
+                let _ = end_broken(batch, sqlx::Error::PoolClosed);
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        let gate = self.gate.as_ref().expect("open until committed");
+        &gate
+            .0
+            .as_ref()
+            .expect("open while a member holds the gate")
+            .conn
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        let gate = self.gate.as_mut().expect("open until committed");
+        &mut gate
+            .0
+            .as_mut()
+            .expect("open while a member holds the gate")
+            .conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    async fn pool(dir: &tempfile::TempDir) -> SqlitePool {
+        let options = SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (n INTEGER PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool
+    }
+
+    async fn insert(group: &Arc<GroupCommit>, pool: &SqlitePool, n: i64) -> Result<(), StoreError> {
+        let mut tx = group.begin(pool).await?;
+        sqlx::query("INSERT INTO t (n) VALUES (?)")
+            .bind(n)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    async fn rows(pool: &SqlitePool) -> Vec<i64> {
+        sqlx::query_as::<_, (i64,)>("SELECT n FROM t ORDER BY n")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.0)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writers_share_commits_and_each_sees_its_write_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(10_000);
+        let writers: Vec<_> = (0..300)
+            .map(|n| {
+                let (group, pool) = (group.clone(), pool.clone());
+                tokio::spawn(async move {
+                    insert(&group, &pool, n).await.unwrap();
+                    // Answered only once durable: another connection sees it now.
+                    let seen: Option<(i64,)> = sqlx::query_as("SELECT n FROM t WHERE n = ?")
+                        .bind(n)
+                        .fetch_optional(&pool)
+                        .await
+                        .unwrap();
+                    assert_eq!(seen, Some((n,)), "writer {n} answered before its commit");
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+        assert_eq!(rows(&pool).await, (0..300).collect::<Vec<_>>());
+        let stats = group.stats();
+        assert_eq!(stats.writes, 300);
+        let commits = stats.commits;
+        assert!(
+            commits < 300,
+            "no commit was shared: {commits} commits for 300 writers"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_writer_loses_only_its_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(10_000);
+        // Holding the gate, so that the writers below queue into one batch with it.
+        let mut first = group.begin(&pool).await.unwrap();
+        sqlx::query("INSERT INTO t (n) VALUES (1)")
+            .execute(&mut *first)
+            .await
+            .unwrap();
+        let good = {
+            let (group, pool) = (group.clone(), pool.clone());
+            tokio::spawn(async move { insert(&group, &pool, 3).await })
+        };
+        let bad = {
+            let (group, pool) = (group.clone(), pool.clone());
+            tokio::spawn(async move {
+                let mut tx = group.begin(&pool).await?;
+                sqlx::query("INSERT INTO t (n) VALUES (2)")
+                    .execute(&mut *tx)
+                    .await?;
+                // A duplicate key: this writer fails after one good statement.
+                sqlx::query("INSERT INTO t (n) VALUES (1)")
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await
+            })
+        };
+        while group.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        first.commit().await.unwrap();
+        good.await.unwrap().unwrap();
+        let refused = bad.await.unwrap().unwrap_err();
+        assert!(refused.to_string().contains("UNIQUE"), "{refused}");
+        assert_eq!(rows(&pool).await, vec![1, 3]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_the_queue_limit_a_writer_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(2);
+        let holder = group.begin(&pool).await.unwrap();
+        let queued: Vec<_> = (10..12)
+            .map(|n| {
+                let (group, pool) = (group.clone(), pool.clone());
+                tokio::spawn(async move { insert(&group, &pool, n).await })
+            })
+            .collect();
+        while group.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let refused = insert(&group, &pool, 99).await.unwrap_err();
+        assert!(matches!(refused, StoreError::Busy(2)), "{refused}");
+        assert!(refused.to_string().starts_with(crate::store::BUSY));
+        assert_eq!(group.stats().refused, 1);
+        holder.commit().await.unwrap();
+        for q in queued {
+            q.await.unwrap().unwrap();
+        }
+        assert_eq!(rows(&pool).await, vec![10, 11]);
+    }
+}
