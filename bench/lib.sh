@@ -2,12 +2,14 @@
 # Shared helpers for the benchmark scripts: build, start/stop a server, timing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BIN=$PWD/target/release/bootfleet
+# BIN and BENCH may name other builds (a before-and-after comparison); NO_BUILD=1 then
+# skips the build of this checkout.
+BIN=${BIN:-$PWD/target/release/bootfleet}
 # The load generators and the storm simulator: a binary of their own, not in the server.
-BENCH=$PWD/target/release/bootfleet-bench
+BENCH=${BENCH:-$PWD/target/release/bootfleet-bench}
 
 build_release() {
-  cargo build --release --quiet
+  [ -n "${NO_BUILD:-}" ] || cargo build --release --quiet
 }
 
 # start_server DATA_DIR PORT [SERVE FLAGS...]: starts bootfleet in the background; sets
