@@ -178,6 +178,11 @@ pub struct DhcpFileConfig {
     /// ROM's iPXE with ours) [default: non-ipxe]. Per node: label `ipxe=chainload`.
     #[serde(default)]
     pub chainload: crate::dhcp::chain::ChainPolicy,
+    /// Answer IPv6 router solicitations on `interface` with "no router, no DHCPv6"
+    /// (lifetime 0, no prefix): iPXE then stops waiting for IPv6, about 16 s at every
+    /// start on a segment without an IPv6 router. Hosts that hear it change nothing
+    /// [default: true when `interface` is set; it needs the interface].
+    pub router_advertisements: Option<bool>,
 }
 
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.

@@ -495,8 +495,51 @@ pub async fn start_dhcp(
         tracing::info!(%addr, interface = d.interface.as_deref().unwrap_or("*"), ?mode, "dhcp listening on {addr}");
         tasks.push(runtime.spawn(dhcp.clone().serve(socket, role, shutdown.clone())));
     }
+    if let Some(task) = start_router_advertisements(d, &runtime, server, &shutdown)? {
+        tasks.push(task);
+    }
     tasks.push(tokio::spawn(dhcp.persist(shutdown)));
     Ok(tasks)
+}
+
+/// Answers router solicitations on the boot interface (`[dhcp] router_advertisements`),
+/// on DHCP's runtime. Asked for by default: a failure to open the socket (no IPv6 on the
+/// host) is then a warning; asked for explicitly, it stops the start.
+fn start_router_advertisements(
+    d: &crate::config::DhcpFileConfig,
+    runtime: &tokio::runtime::Handle,
+    server: &Server,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(interface) = d.interface.as_deref() else {
+        if d.router_advertisements == Some(true) {
+            anyhow::bail!("[dhcp] router_advertisements needs [dhcp] interface");
+        }
+        return Ok(None);
+    };
+    if d.router_advertisements == Some(false) {
+        return Ok(None);
+    }
+    let bound = {
+        let _on = runtime.enter();
+        crate::dhcp::ra_server::RaServer::bind(interface, server.http.metrics.dhcp())
+    };
+    match bound {
+        Ok(ra) => {
+            tracing::info!(
+                interface,
+                "answering IPv6 router solicitations (no router here)"
+            );
+            Ok(Some(runtime.spawn(ra.serve(shutdown.clone()))))
+        }
+        Err(e) if d.router_advertisements == Some(true) => {
+            Err(e).with_context(|| format!("cannot answer router solicitations on {interface}"))
+        }
+        Err(e) => {
+            tracing::warn!(interface, error = %e, "cannot answer router solicitations: iPXE will wait about 16 s for IPv6 at each start");
+            Ok(None)
+        }
+    }
 }
 
 /// Authoritative mode's pools: `[dhcp.pool]` for our own segment, one per

@@ -3,6 +3,8 @@
 //! client, `decide` answers (pure), `chain` remembers forced iPXE chainloads (pure), `leases` keeps a pool
 //! (pure), `reply` encodes, `directory` is what DHCP asks of the node service and what it tells
 //! it (traits), `requested` witnesses proxy-mode clients' addresses (pure), `server` moves datagrams and persists leases in batches.
+//! On the boot segment's IPv6 side, `ra` (pure) and `ra_server` answer router
+//! solicitations so that iPXE stops waiting for an IPv6 router.
 
 pub mod chain;
 pub mod classify;
@@ -12,6 +14,8 @@ pub mod exercise;
 pub mod leases;
 pub mod metrics;
 pub mod pools;
+pub mod ra;
+pub mod ra_server;
 pub mod reply;
 pub mod requested;
 pub mod server;

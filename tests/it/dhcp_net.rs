@@ -755,3 +755,91 @@ async fn in_proxy_mode_a_boot_must_come_from_the_address_the_node_asked_for() {
     );
     server.stop().await;
 }
+
+/// A raw ICMPv6 socket on `ns`'s eth0, as iPXE's IPv6 side: sends router solicitations
+/// (to all routers, once a second, as a host does) until an advertisement comes back,
+/// and returns it with its source.
+fn solicit_router(ns: &str, within: Duration) -> Option<(Vec<u8>, std::net::SocketAddrV6)> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(path).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let ifindex = nix::net::if_::if_nametoindex("eth0").unwrap();
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV6,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::ICMPV6),
+        )
+        .unwrap();
+        s.bind_device(Some(b"eth0")).unwrap();
+        s.set_multicast_hops_v6(255).unwrap();
+        s.set_multicast_if_v6(ifindex).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let all_routers = std::net::Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+        let to = socket2::SockAddr::from(std::net::SocketAddrV6::new(all_routers, 0, 0, ifindex));
+        let solicitation = [133u8, 0, 0, 0, 0, 0, 0, 0];
+        let deadline = Instant::now() + within;
+        let mut next_send = Instant::now();
+        let mut buf = [0u8; 1500];
+        while Instant::now() < deadline {
+            if Instant::now() >= next_send {
+                // Fails while eth0's link-local address is still tentative: try again.
+                let _ = s.send_to(&solicitation, &to);
+                next_send = Instant::now() + Duration::from_secs(1);
+            }
+            use std::os::fd::AsRawFd;
+            if let Ok((len, Some(from))) =
+                nix::sys::socket::recvfrom::<nix::sys::socket::SockaddrIn6>(s.as_raw_fd(), &mut buf)
+                && len > 0
+                && buf[0] == 134
+            {
+                return Some((buf[..len].to_vec(), std::net::SocketAddrV6::from(from)));
+            }
+        }
+        None
+    })
+    .join()
+    .unwrap()
+}
+
+/// iPXE waits about 16 s for IPv6 at each start where no router advertises: our server
+/// answers its solicitations with "not a router, no prefix, no DHCPv6", which ends that
+/// wait, from its own link-local address on the boot interface, and counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_solicitations_are_answered_with_no_router_here() {
+    require(&[("ip", "iproute2")]);
+    let mut lab = Lab::new();
+    let client = lab.host("ra", None);
+    let settings = lab.settings(Mode::Authoritative);
+    let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
+    let answer = tokio::task::block_in_place(|| solicit_router(&client, Duration::from_secs(10)));
+    let (ra, from) = answer.expect("no router advertisement within 10 s");
+    assert!(
+        from.ip().segments()[0] == 0xfe80,
+        "an advertisement comes from a link-local address: {from}"
+    );
+    assert_eq!(ra[1], 0, "code");
+    assert_eq!(
+        ra[5], 0,
+        "M and O clear: iPXE runs no DHCPv6 and stops waiting"
+    );
+    assert_eq!(
+        &ra[6..8],
+        &[0, 0],
+        "router lifetime 0: not a default router"
+    );
+    assert!(
+        ra[16..].chunks(8).all(|option| option[0] != 3),
+        "no prefix information: no address is made from it"
+    );
+    let metrics = server.text("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("bootfleet_dhcp_packets_total{")
+                && l.contains("outcome=\"router-advertisement\"")),
+        "{metrics}"
+    );
+    server.stop().await;
+}

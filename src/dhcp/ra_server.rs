@@ -1,0 +1,119 @@
+//! Answers router solicitations on the boot segment with `ra::advertisement`: a raw
+//! ICMPv6 socket bound to the boot interface and joined to all-routers (ff02::2). Each
+//! solicitation is answered to its sender (to all nodes when it came from the unspecified
+//! address), so a storm of booting nodes costs one small datagram each.
+
+use std::net::{Ipv6Addr, SocketAddrV6};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::DhcpMetrics;
+use super::ra;
+
+const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+pub struct RaServer {
+    socket: AsyncFd<Socket>,
+    ifindex: u32,
+    advertisement: Vec<u8>,
+    metrics: Arc<DhcpMetrics>,
+}
+
+impl RaServer {
+    /// Opens the socket on `interface` (needs CAP_NET_RAW, as port 67 needs root). Call
+    /// inside the runtime that will serve it.
+    pub fn bind(interface: &str, metrics: Arc<DhcpMetrics>) -> std::io::Result<Self> {
+        let ifindex = nix::net::if_::if_nametoindex(interface)?;
+        let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        socket.bind_device(Some(interface.as_bytes()))?;
+        socket.join_multicast_v6(&ALL_ROUTERS, ifindex)?;
+        // Neighbour discovery messages must arrive with hop limit 255 (RFC 4861 6.1.2):
+        // proof that they were not forwarded.
+        socket.set_multicast_hops_v6(255)?;
+        socket.set_unicast_hops_v6(255)?;
+        socket.set_multicast_if_v6(ifindex)?;
+        socket.set_multicast_loop_v6(false)?;
+        socket.set_nonblocking(true)?;
+        // SAFETY: the AsyncFd owns the socket, so its descriptor stays open and the same
+        // for the AsyncFd's whole life.
+        let socket = unsafe { AsyncFd::register(socket) }.map_err(std::io::Error::from)?;
+        Ok(Self {
+            socket,
+            ifindex,
+            advertisement: ra::advertisement(interface_mac(interface)),
+            metrics,
+        })
+    }
+
+    /// Answers until `stop`.
+    pub async fn serve(self, stop: CancellationToken) {
+        let mut buf = [0u8; 1500];
+        loop {
+            let ready = tokio::select! {
+                r = self.socket.readable() => r,
+                () = stop.cancelled() => return,
+            };
+            let mut ready = match ready {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "router solicitation socket failed; no longer answering");
+                    return;
+                }
+            };
+            let received = ready.try_io(|s| {
+                nix::sys::socket::recvfrom::<nix::sys::socket::SockaddrIn6>(
+                    s.get_ref().as_raw_fd(),
+                    &mut buf,
+                )
+                .map_err(std::io::Error::from)
+            });
+            match received {
+                Err(_would_block) => continue,
+                Ok(Ok((len, from))) => self.answer(&buf[..len], from.map(SocketAddrV6::from)),
+                Ok(Err(e)) => tracing::debug!(error = %e, "router solicitation receive failed"),
+            }
+        }
+    }
+
+    fn answer(&self, msg: &[u8], from: Option<SocketAddrV6>) {
+        match ra::parse_solicitation(msg) {
+            Ok(_) => {}
+            // The socket sees every ICMPv6 message on the segment; only solicitations
+            // are ours.
+            Err(ra::Dropped::NotSolicitation) => return,
+            Err(why) => {
+                self.metrics.count(&format!("malformed.{}", why.reason()));
+                return;
+            }
+        }
+        let to = match from.map(|a| *a.ip()) {
+            Some(ip) if !ip.is_unspecified() => ip,
+            _ => ALL_NODES,
+        };
+        let to = SockAddr::from(SocketAddrV6::new(to, 0, 0, self.ifindex));
+        match self.socket.get_ref().send_to(&self.advertisement, &to) {
+            Ok(_) => self.metrics.count("router-advertisement"),
+            Err(e) => {
+                self.metrics.count("ignored.ra-send-failed");
+                tracing::debug!(error = %e, "cannot send a router advertisement");
+            }
+        }
+    }
+}
+
+/// The interface's MAC (its sysfs `address`), for the advertisement's source option.
+fn interface_mac(interface: &str) -> Option<[u8; 6]> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{interface}/address")).ok()?;
+    let bytes: Vec<u8> = text
+        .trim()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    bytes.try_into().ok()
+}
