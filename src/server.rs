@@ -210,12 +210,14 @@ pub async fn run_on(
     if !server.webhooks.is_empty() {
         let leading = lead(crate::leader::WEBHOOKS);
         for hook in &server.webhooks {
-            state.tasks.spawn(crate::events::webhook::run(
-                hook.clone(),
-                server.store.clone(),
-                leading.clone(),
-                state.stopping.clone(),
-            ));
+            state
+                .tasks
+                .spawn(crate::store::own_task(crate::events::webhook::run(
+                    hook.clone(),
+                    server.store.clone(),
+                    leading.clone(),
+                    state.stopping.clone(),
+                )));
         }
     }
     state.tasks.spawn(crate::heap::trim_every(
@@ -223,41 +225,54 @@ pub async fn run_on(
         state.stopping.clone(),
     ));
     let powering = lead(crate::leader::POWER);
-    state.tasks.spawn(crate::power::fallback::run(
-        server.store.clone(),
-        state.power.clone(),
-        state.nodes.controller.clone(),
-        server.agent_grace_secs,
-        powering,
-        state.stopping.clone(),
-    ));
+    state
+        .tasks
+        .spawn(crate::store::own_task(crate::power::fallback::run(
+            server.store.clone(),
+            state.power.clone(),
+            state.nodes.controller.clone(),
+            server.agent_grace_secs,
+            powering,
+            state.stopping.clone(),
+        )));
     let rolling = lead(crate::leader::ROLLOUTS);
-    state.tasks.spawn(crate::rollout::run::run(
-        server.rollouts.clone(),
-        rolling,
-        state.stopping.clone(),
-    ));
-    // Every server stores what it heard; the last flush runs as it stops.
-    state.tasks.spawn(state.nodes.liveness.clone().run(
-        server.store.clone(),
-        std::time::Duration::from_millis(server.policy.liveness_flush_ms() as u64),
-        state.stopping.clone(),
-    ));
+    state
+        .tasks
+        .spawn(crate::store::own_task(crate::rollout::run::run(
+            server.rollouts.clone(),
+            rolling,
+            state.stopping.clone(),
+        )));
+    // Every server stores what it heard; the last flush runs as it stops (and once more
+    // after HTTP has drained, below). The server's own tasks are never refused at the
+    // write queue (`store::own_task`): one write at a time each, and a refused sweep or
+    // flush would turn a busy store into nodes called unreachable.
+    state
+        .tasks
+        .spawn(crate::store::own_task(state.nodes.liveness.clone().run(
+            server.store.clone(),
+            std::time::Duration::from_millis(server.policy.liveness_flush_ms() as u64),
+            state.stopping.clone(),
+        )));
     // The sweeper's lease also makes one server the event pruner.
     let sweeping = lead(crate::leader::SWEEPER);
-    state.tasks.spawn(crate::node::sweeper::run(
-        server.store.clone(),
-        state.nodes.controller.clone(),
-        server.policy.clone(),
-        sweeping.clone(),
-        state.stopping.clone(),
-    ));
-    state.tasks.spawn(crate::events::retention::run(
-        server.store.clone(),
-        server.retention.clone(),
-        sweeping,
-        state.stopping.clone(),
-    ));
+    state
+        .tasks
+        .spawn(crate::store::own_task(crate::node::sweeper::run(
+            server.store.clone(),
+            state.nodes.controller.clone(),
+            server.policy.clone(),
+            sweeping.clone(),
+            state.stopping.clone(),
+        )));
+    state
+        .tasks
+        .spawn(crate::store::own_task(crate::events::retention::run(
+            server.store.clone(),
+            server.retention.clone(),
+            sweeping,
+            state.stopping.clone(),
+        )));
     // Event streams end when the server starts stopping; they would hold connections.
     let stopping = state.stopping.clone();
     let http_shutdown = CancellationToken::new();
@@ -283,6 +298,10 @@ pub async fn run_on(
         }
     }
     state.tasks.close();
+    // Heartbeats answered while HTTP drained.
+    if let Err(e) = crate::store::own_task(state.nodes.liveness.flush(&server.store)).await {
+        tracing::warn!(error = %e, "cannot store when nodes were last heard");
+    }
     // A publish still uploading is abandoned at the deadline: it writes to a temporary
     // file and renames, so nothing half-written is left behind.
     if tokio::time::timeout(server.http_settings.shutdown_grace(), state.tasks.wait())
@@ -322,7 +341,7 @@ pub async fn start_tftp(
     let Some(addr) = cfg.tftp_listen else {
         return Ok(None);
     };
-    let runtime = own_runtime(&TFTP_RUNTIME, "bootfleet-tftp")?;
+    let runtime = own_runtime(&TFTP_RUNTIME, "bootfleet-tftp", cores())?;
     let socket = std::net::UdpSocket::bind(addr)
         .and_then(|s| s.set_nonblocking(true).map(|()| s))
         .with_context(|| format!("cannot listen for TFTP on {addr}"))?;
@@ -354,24 +373,31 @@ pub async fn start_tftp(
     Ok(Some(runtime.spawn(server.run(socket, shutdown))))
 }
 
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
+}
+
 static DHCP_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
 static TFTP_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
 
-/// A runtime of its own, one thread, for DHCP or TFTP: in a boot storm the main runtime
-/// runs thousands of HTTP tasks (boot scripts, agents' reports), and a DHCP packet waiting
-/// in that queue missed firmware's retransmit timers (PXE DHCP p50 11.5 s at 5% loss
-/// with the agents' calls against 0.55 s without). Here its socket is polled by a thread
-/// that does nothing else. One per process, shared by every server in it (tests start
-/// many), never dropped: it ends with the process.
+/// A runtime of its own for DHCP (one thread: a packet is microseconds of work) or TFTP
+/// (a thread a core: 10,000 lockstep transfers at once are real work, and one thread
+/// made them 3.5x slower at the median): in a boot storm the main runtime runs thousands
+/// of HTTP tasks (boot scripts, agents' reports), and a DHCP packet waiting in that queue
+/// missed firmware's retransmit timers (PXE DHCP p50 11.5 s at 5% loss with the agents'
+/// calls against 0.55 s without). Here its sockets are polled by threads that do nothing
+/// else. One per process, shared by every server in it (tests start many), never
+/// dropped: it ends with the process.
 fn own_runtime(
     cell: &'static std::sync::OnceLock<tokio::runtime::Runtime>,
     name: &'static str,
+    threads: usize,
 ) -> std::io::Result<tokio::runtime::Handle> {
     if let Some(runtime) = cell.get() {
         return Ok(runtime.handle().clone());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(threads)
         .thread_name(name)
         .enable_all()
         .build()?;
@@ -481,7 +507,7 @@ pub async fn start_dhcp(
         ),
         (d.pxe_port.unwrap_or(4011), Port::PxeServer),
     ];
-    let runtime = own_runtime(&DHCP_RUNTIME, "bootfleet-dhcp")?;
+    let runtime = own_runtime(&DHCP_RUNTIME, "bootfleet-dhcp", 1)?;
     for (port, role) in ports {
         let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
         // Registered with the DHCP runtime's reactor, which its own thread drives.
@@ -493,12 +519,18 @@ pub async fn start_dhcp(
             format!("cannot listen for DHCP on {addr} (port 67 needs root or CAP_NET_BIND_SERVICE)")
         })?;
         tracing::info!(%addr, interface = d.interface.as_deref().unwrap_or("*"), ?mode, "dhcp listening on {addr}");
-        tasks.push(runtime.spawn(dhcp.clone().serve(socket, role, shutdown.clone())));
+        // DHCP's writes (a new MAC recorded) are bounded by its datagrams in flight, and
+        // a refusal would cost the node the firmware's back-off: never refused.
+        tasks.push(runtime.spawn(crate::store::own_task(dhcp.clone().serve(
+            socket,
+            role,
+            shutdown.clone(),
+        ))));
     }
     if let Some(task) = start_router_advertisements(d, &runtime, server, &shutdown)? {
         tasks.push(task);
     }
-    tasks.push(tokio::spawn(dhcp.persist(shutdown)));
+    tasks.push(tokio::spawn(crate::store::own_task(dhcp.persist(shutdown))));
     Ok(tasks)
 }
 

@@ -53,6 +53,15 @@ impl fmt::Display for Dropped {
     }
 }
 
+/// Whether `msg` is another router's advertisement that hosts act on (a lifetime, or M
+/// or O set): a real IPv6 router serves the segment, and ours would contradict it.
+pub fn real_router(msg: &[u8]) -> bool {
+    msg.len() >= 16
+        && msg[0] == ROUTER_ADVERTISEMENT
+        && msg[1] == 0
+        && (msg[5] & 0xc0 != 0 || msg[6..8] != [0, 0])
+}
+
 /// Checks an ICMPv6 message as a router solicitation (RFC 4861 6.1.1: code 0, at least 8
 /// bytes, every option of non-zero length within the message).
 pub fn parse_solicitation(msg: &[u8]) -> Result<Solicitation, Dropped> {
@@ -154,6 +163,18 @@ mod tests {
             parse_solicitation(&solicitation(&[1])),
             Err(Dropped::BadOption)
         );
+    }
+
+    #[test]
+    fn a_real_router_is_told_from_ours() {
+        assert!(!real_router(&advertisement(Some(MAC))));
+        let mut managed = advertisement(None);
+        managed[5] = 0x80;
+        assert!(real_router(&managed));
+        let mut default_router = advertisement(None);
+        default_router[6..8].copy_from_slice(&1800u16.to_be_bytes());
+        assert!(real_router(&default_router));
+        assert!(!real_router(&[ROUTER_SOLICITATION, 0, 0, 0, 0, 0, 0, 0]));
     }
 
     #[test]

@@ -1,7 +1,14 @@
 //! Answers router solicitations on the boot segment with `ra::advertisement`: a raw
 //! ICMPv6 socket bound to the boot interface and joined to all-routers (ff02::2). Each
-//! solicitation is answered to its sender (to all nodes when it came from the unspecified
-//! address), so a storm of booting nodes costs one small datagram each.
+//! solicitation from a link-local address is answered to its sender, so a storm of
+//! booting nodes costs one small datagram each; one from the unspecified address is
+//! answered to all nodes, at most once in 3 s (RFC 4861 MIN_DELAY_BETWEEN_RAS). Once a
+//! real router is heard advertising on the segment (a lifetime, or M or O set), we stop
+//! answering for good: iPXE gets its answer from it, and ours must not contradict it.
+//! Not done: a solicitation's own hop limit is not checked (it needs IPV6_RECVHOPLIMIT
+//! ancillary data; only link-local senders are answered, which no router forwards), and
+//! the kernel does not filter ICMPv6 types for us (each neighbour discovery message on
+//! the segment is read and dropped here).
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::AsRawFd;
@@ -22,7 +29,14 @@ pub struct RaServer {
     ifindex: u32,
     advertisement: Vec<u8>,
     metrics: Arc<DhcpMetrics>,
+    /// When we last advertised to all nodes.
+    last_multicast: std::sync::Mutex<Option<std::time::Instant>>,
+    /// A real router was heard: we answer no more.
+    router_heard: std::sync::atomic::AtomicBool,
 }
+
+/// RFC 4861 10: MIN_DELAY_BETWEEN_RAS.
+const MULTICAST_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl RaServer {
     /// Opens the socket on `interface` (needs CAP_NET_RAW, as port 67 needs root). Call
@@ -32,8 +46,8 @@ impl RaServer {
         let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
         socket.bind_device(Some(interface.as_bytes()))?;
         socket.join_multicast_v6(&ALL_ROUTERS, ifindex)?;
-        // Neighbour discovery messages must arrive with hop limit 255 (RFC 4861 6.1.2):
-        // proof that they were not forwarded.
+        // Receivers take neighbour discovery messages only with hop limit 255 (RFC 4861
+        // 6.1.2): proof that they were not forwarded.
         socket.set_multicast_hops_v6(255)?;
         socket.set_unicast_hops_v6(255)?;
         socket.set_multicast_if_v6(ifindex)?;
@@ -47,6 +61,8 @@ impl RaServer {
             ifindex,
             advertisement: ra::advertisement(interface_mac(interface)),
             metrics,
+            last_multicast: Default::default(),
+            router_heard: Default::default(),
         })
     }
 
@@ -81,6 +97,15 @@ impl RaServer {
     }
 
     fn answer(&self, msg: &[u8], from: Option<SocketAddrV6>) {
+        if ra::real_router(msg) {
+            if !self
+                .router_heard
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::info!(router = ?from, "an IPv6 router advertises on the boot segment: no longer answering router solicitations");
+            }
+            return;
+        }
         match ra::parse_solicitation(msg) {
             Ok(_) => {}
             // The socket sees every ICMPv6 message on the segment; only solicitations
@@ -91,9 +116,28 @@ impl RaServer {
                 return;
             }
         }
+        if self.router_heard.load(std::sync::atomic::Ordering::Relaxed) {
+            self.metrics.count("ignored.router-present");
+            return;
+        }
         let to = match from.map(|a| *a.ip()) {
-            Some(ip) if !ip.is_unspecified() => ip,
-            _ => ALL_NODES,
+            Some(ip) if ip.is_unicast_link_local() => ip,
+            Some(ip) if !ip.is_unspecified() => {
+                // An advertisement must come from our link-local address, which a
+                // reply to a routable one would not.
+                self.metrics.count("ignored.rs-not-link-local");
+                return;
+            }
+            _ => {
+                let now = std::time::Instant::now();
+                let mut last = self.last_multicast.lock().expect("not poisoned");
+                if last.is_some_and(|at| now.duration_since(at) < MULTICAST_EVERY) {
+                    self.metrics.count("ignored.ra-rate-limited");
+                    return;
+                }
+                *last = Some(now);
+                ALL_NODES
+            }
         };
         let to = SockAddr::from(SocketAddrV6::new(to, 0, 0, self.ifindex));
         match self.socket.get_ref().send_to(&self.advertisement, &to) {

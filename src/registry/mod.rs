@@ -246,11 +246,11 @@ impl Registry {
     }
 
     /// Commits a write (the row of `server`, this server's holder id, in `write_probes`).
+    /// Never refused at the write queue: a full queue is load, not a broken disk, and a
+    /// server called unready at its peak would be pulled from its load balancer.
     pub async fn probe_write(&self, server: &str) -> Result<(), RegistryError> {
-        Ok(self
-            .store
-            .probe_write(server, crate::clock::now_ms())
-            .await?)
+        let probe = self.store.probe_write(server, crate::clock::now_ms());
+        Ok(crate::store::own_task(probe).await?)
     }
 
     /// `ok`, or what keeps the blob directory from taking a publish.

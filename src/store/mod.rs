@@ -42,6 +42,20 @@ pub enum StoreError {
     /// A shared commit (group commit) failed: every writer in it gets its error.
     #[error("database error: {0}")]
     Batch(std::sync::Arc<sqlx::Error>),
+    /// The same, where the database could not be reached (worth retrying: 503).
+    #[error("{UNAVAILABLE}: {0}")]
+    BatchUnavailable(std::sync::Arc<sqlx::Error>),
+}
+
+impl StoreError {
+    /// A shared commit's error, as each writer in it gets it.
+    pub(crate) fn batch(e: std::sync::Arc<sqlx::Error>) -> Self {
+        if unreachable(&e) {
+            StoreError::BatchUnavailable(e)
+        } else {
+            StoreError::Batch(e)
+        }
+    }
 }
 
 /// How a store's refusal of one more queued writer begins, wherever it is passed on.

@@ -669,10 +669,14 @@ impl Agent<'_> {
                     return Err(format!("{route}: {status}: {text}"));
                 }
                 Ok(resp) => {
-                    // As the agent: the server's Retry-After when longer, with jitter.
-                    let asked = retry_after(&resp).unwrap_or_default().max(wait);
+                    // As the agent: back-off with jitter, never sooner than Retry-After.
+                    let pause = bootfleet_agent::run::retry_wait(
+                        wait,
+                        retry_after(&resp),
+                        rand::random::<f64>(),
+                    );
                     r.retry("agent retry", 1);
-                    tokio::time::sleep(asked.mul_f64(0.5 + rand::random::<f64>())).await;
+                    tokio::time::sleep(pause).await;
                     wait = (wait * 2).min(Duration::from_secs(30));
                     continue;
                 }

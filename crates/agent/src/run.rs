@@ -58,13 +58,17 @@ fn retry_after(r: &reqwest::Response) -> Option<Duration> {
     secs.trim().parse().ok().map(Duration::from_secs)
 }
 
-/// The pause before a retry: the back-off, or the server's Retry-After when it asks for
-/// longer, spread by `jitter` (0 to 1) over half to one and a half times that, so that
-/// nodes refused together (a storm past the server's write queue) do not come back
-/// together.
-fn retry_wait(backoff: Duration, asked: Option<Duration>, jitter: f64) -> Duration {
-    let base = asked.map_or(backoff, |a| a.max(backoff));
-    base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
+/// The pause before a retry, spread by `jitter` (0 to 1) so that nodes refused together
+/// (a storm past the server's write queue) do not come back together: the back-off, from
+/// half to one and a half times it; and never sooner than a Retry-After the server sent
+/// (from it to one and a half times it).
+pub fn retry_wait(backoff: Duration, asked: Option<Duration>, jitter: f64) -> Duration {
+    let jitter = jitter.clamp(0.0, 1.0);
+    let spread = backoff.mul_f64(0.5 + jitter);
+    match asked {
+        Some(asked) => spread.max(asked.mul_f64(1.0 + jitter / 2.0)),
+        None => spread,
+    }
 }
 
 /// A number from 0 to 1, different each call and each process: std's hasher keys are
@@ -321,9 +325,12 @@ mod tests {
         // The back-off alone, from half to one and a half of it.
         assert_eq!(retry_wait(s(4), None, 0.0), s(2));
         assert_eq!(retry_wait(s(4), None, 1.0), s(6));
-        // A longer Retry-After wins; a shorter one does not cut the back-off.
-        assert_eq!(retry_wait(s(1), Some(s(10)), 0.5), s(10));
+        // Never sooner than Retry-After, spread above it; a short one does not cut
+        // the back-off.
+        assert_eq!(retry_wait(s(1), Some(s(10)), 0.0), s(10));
+        assert_eq!(retry_wait(s(1), Some(s(10)), 1.0), s(15));
         assert_eq!(retry_wait(s(8), Some(s(1)), 0.5), s(8));
+        assert_eq!(retry_wait(s(8), Some(s(1)), 0.0), s(4));
     }
 
     #[test]

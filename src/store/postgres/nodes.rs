@@ -409,9 +409,13 @@ impl NodeStore for PgStore {
     async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError> {
         let macs: Vec<String> = heard.iter().map(|(m, _)| m.to_string()).collect();
         let at: Vec<i64> = heard.iter().map(|(_, at)| *at).collect();
+        // The rows locked in MAC order first (an UPDATE ... FROM takes them in the plan's
+        // order): two servers flushing overlapping sets cannot deadlock.
         sqlx::query(
-            "UPDATE nodes SET last_heartbeat_ms = GREATEST(COALESCE(nodes.last_heartbeat_ms, 0), h.at)
-             FROM UNNEST($1::TEXT[], $2::BIGINT[]) AS h(mac, at) WHERE nodes.mac = h.mac",
+            "WITH h(mac, at) AS (SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[])),
+                  locked AS (SELECT mac FROM nodes WHERE mac = ANY($1::TEXT[]) ORDER BY mac FOR UPDATE)
+             UPDATE nodes SET last_heartbeat_ms = GREATEST(COALESCE(nodes.last_heartbeat_ms, 0), h.at)
+             FROM h WHERE nodes.mac = h.mac AND nodes.mac IN (SELECT mac FROM locked)",
         )
         .bind(macs)
         .bind(at)

@@ -23,6 +23,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
+use super::node_cache::NodeCache;
+use crate::api::Mac;
 use crate::store::StoreError;
 
 /// What a batch's members learn when it ends: committed, or the commit's error.
@@ -33,7 +35,18 @@ struct Batch {
     id: u64,
     conn: PoolConnection<Sqlite>,
     ended: watch::Sender<Outcome>,
+    /// Writers whose savepoints were released into the batch.
     members: usize,
+    /// Nodes whose rows the batch wrote: out of the DHCP cache once it commits, by the
+    /// closer, so that a writer whose caller went away still leaves no stale entry.
+    touched: Vec<Mac>,
+    /// The task that commits it. Finished with the batch still open means it was
+    /// dropped unrun (its runtime stopping): the next writer starts another.
+    closer: tokio::task::JoinHandle<()>,
+    /// A writer's rollback to its savepoint is owed (set before the rollback task is
+    /// spawned, cleared when it ran): still set when the gate comes back means the task
+    /// never ran, and the batch holds writes that must not commit.
+    rollback_owed: bool,
 }
 
 /// The gate's state: the open batch, if any.
@@ -46,6 +59,7 @@ pub(crate) struct GroupCommit {
     waiting: AtomicUsize,
     max_waiting: usize,
     next_id: AtomicU64,
+    node_cache: Arc<NodeCache>,
     /// Batches committed, and writers in them (the mean batch size is their ratio).
     batches: AtomicU64,
     members: AtomicU64,
@@ -79,12 +93,13 @@ impl Drop for Queued<'_> {
 }
 
 impl GroupCommit {
-    pub(crate) fn new(max_waiting: usize) -> Arc<Self> {
+    pub(crate) fn new(max_waiting: usize, node_cache: Arc<NodeCache>) -> Arc<Self> {
         Arc::new(Self {
             gate: Default::default(),
             waiting: AtomicUsize::new(0),
             max_waiting,
             next_id: AtomicU64::new(0),
+            node_cache,
             batches: AtomicU64::new(0),
             members: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -115,6 +130,14 @@ impl GroupCommit {
         }
         let mut gate = self.gate.clone().lock_owned().await;
         drop(counted);
+        if let Some(batch) = gate.0.as_mut() {
+            if batch.rollback_owed {
+                let batch = gate.0.take().expect("open");
+                let _ = end_broken(batch, not_rolled_back());
+            } else if batch.closer.is_finished() {
+                batch.closer = self.spawn_closer(batch.id);
+            }
+        }
         if gate.0.is_none() {
             gate.0 = Some(self.open_batch(pool).await?);
         }
@@ -127,7 +150,6 @@ impl GroupCommit {
             let batch = gate.0.take().expect("open");
             return Err(end_broken(batch, e));
         }
-        batch.members += 1;
         let ended = batch.ended.subscribe();
         Ok(WriteTx {
             gate: Some(gate),
@@ -146,14 +168,20 @@ impl GroupCommit {
             return Err(e.into());
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let group = self.clone();
-        tokio::spawn(async move { group.close(id).await });
         Ok(Batch {
             id,
             conn,
             ended: watch::Sender::new(None),
             members: 0,
+            touched: Vec::new(),
+            closer: self.spawn_closer(id),
+            rollback_owed: false,
         })
+    }
+
+    fn spawn_closer(self: &Arc<Self>, id: u64) -> tokio::task::JoinHandle<()> {
+        let group = self.clone();
+        tokio::spawn(async move { group.close(id).await })
     }
 
     /// The closer of batch `id`: commits it when its turn at the gate comes.
@@ -162,10 +190,16 @@ impl GroupCommit {
         if gate.0.as_ref().is_none_or(|b| b.id != id) {
             return; // Ended already (its connection broke).
         }
+        if gate.0.as_ref().is_some_and(|b| b.rollback_owed) {
+            let batch = gate.0.take().expect("open");
+            let _ = end_broken(batch, not_rolled_back());
+            return;
+        }
         let Batch {
             mut conn,
             ended,
             members,
+            touched,
             ..
         } = gate.0.take().expect("checked above");
         let done = sqlx::query("COMMIT").execute(&mut *conn).await;
@@ -175,13 +209,21 @@ impl GroupCommit {
             if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
                 conn.close_on_drop();
             }
+        } else {
+            for mac in &touched {
+                self.node_cache.invalidate(mac);
+            }
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            self.members.fetch_add(members as u64, Ordering::Relaxed);
         }
         drop(conn);
         drop(gate);
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.members.fetch_add(members as u64, Ordering::Relaxed);
         ended.send_replace(Some(done.map(|_| ()).map_err(Arc::new)));
     }
+}
+
+fn not_rolled_back() -> sqlx::Error {
+    sqlx::Error::Protocol("a failed writer's rollback did not run; the batch is rolled back".into())
 }
 
 /// Ends a batch whose connection failed mid-way: rolled back (by closing), every member
@@ -199,14 +241,59 @@ impl WriteTx {
     pub(crate) async fn commit(mut self) -> Result<(), StoreError> {
         let mut gate = self.gate.take().expect("a transaction commits once");
         let batch = gate.0.as_mut().expect("open while a member holds the gate");
-        if let Err(e) = sqlx::query("RELEASE member")
+        match sqlx::query("RELEASE member")
             .execute(&mut *batch.conn)
             .await
         {
-            let batch = gate.0.take().expect("open");
-            let _ = end_broken(batch, e);
+            Ok(_) => batch.members += 1,
+            Err(e) => {
+                let batch = gate.0.take().expect("open");
+                let _ = end_broken(batch, e);
+            }
         }
         drop(gate);
+        self.outcome().await
+    }
+
+    /// `commit`, and `mac`'s entry in the DHCP node cache dropped when the batch commits
+    /// (by the batch's closer, whatever becomes of this caller).
+    pub(crate) async fn commit_touching(mut self, mac: &Mac) -> Result<(), StoreError> {
+        let gate = self.gate.as_mut().expect("open until committed");
+        let batch = gate.0.as_mut().expect("open while a member holds the gate");
+        batch.touched.push(*mac);
+        self.commit().await
+    }
+
+    /// Gives up this writer's writes (back to its savepoint) and waits for the batch
+    /// it read from: an answer drawn from what earlier writers in the batch wrote (a
+    /// name taken, a version moved) is given only once that is durable.
+    pub(crate) async fn abandon(mut self) -> Result<(), StoreError> {
+        let mut gate = self.gate.take().expect("a transaction ends once");
+        let batch = gate.0.as_mut().expect("open while a member holds the gate");
+        // Cleared once rolled back: a caller dropped mid-way leaves it set, and the batch
+        // is then rolled back whole rather than commit what this writer gave up.
+        batch.rollback_owed = true;
+        let undone = async {
+            sqlx::query("ROLLBACK TO member")
+                .execute(&mut *batch.conn)
+                .await?;
+            sqlx::query("RELEASE member")
+                .execute(&mut *batch.conn)
+                .await
+        };
+        match undone.await {
+            Ok(_) => batch.rollback_owed = false,
+            Err(e) => {
+                let batch = gate.0.take().expect("open");
+                let _ = end_broken(batch, e);
+            }
+        }
+        drop(gate);
+        self.outcome().await
+    }
+
+    /// The batch's outcome, once its closer has it.
+    async fn outcome(&mut self) -> Result<(), StoreError> {
         let ended = self
             .ended
             .wait_for(Option::is_some)
@@ -214,7 +301,7 @@ impl WriteTx {
             .map(|o| o.clone().expect("waited for"));
         match ended {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Batch(e)),
+            Ok(Err(e)) => Err(StoreError::batch(e)),
             // The closer was dropped (the runtime is stopping): nothing of it committed.
             Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
         }
@@ -229,6 +316,9 @@ impl Drop for WriteTx {
         let Some(mut gate) = self.gate.take() else {
             return;
         };
+        if let Some(batch) = gate.0.as_mut() {
+            batch.rollback_owed = true;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
@@ -241,9 +331,12 @@ impl Drop for WriteTx {
                             .execute(&mut *batch.conn)
                             .await
                     };
-                    if let Err(e) = undone.await {
-                        let batch = gate.0.take().expect("open");
-                        let _ = end_broken(batch, e);
+                    match undone.await {
+                        Ok(_) => batch.rollback_owed = false,
+                        Err(e) => {
+                            let batch = gate.0.take().expect("open");
+                            let _ = end_broken(batch, e);
+                        }
                     }
                     drop(gate);
                 });
@@ -324,7 +417,7 @@ mod tests {
     async fn concurrent_writers_share_commits_and_each_sees_its_write_durable() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(10_000);
+        let group = GroupCommit::new(10_000, Default::default());
         let writers: Vec<_> = (0..300)
             .map(|n| {
                 let (group, pool) = (group.clone(), pool.clone());
@@ -357,7 +450,7 @@ mod tests {
     async fn a_failed_writer_loses_only_its_own_writes() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(10_000);
+        let group = GroupCommit::new(10_000, Default::default());
         // Holding the gate, so that the writers below queue into one batch with it.
         let mut first = group.begin(&pool).await.unwrap();
         sqlx::query("INSERT INTO t (n) VALUES (1)")
@@ -393,10 +486,50 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoning_writer_loses_its_writes_and_answers_once_the_batch_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(10_000, Default::default());
+        let mut first = group.begin(&pool).await.unwrap();
+        sqlx::query("INSERT INTO t (n) VALUES (1)")
+            .execute(&mut *first)
+            .await
+            .unwrap();
+        let second = {
+            let (group, pool) = (group.clone(), pool.clone());
+            tokio::spawn(async move {
+                let mut tx = group.begin(&pool).await.unwrap();
+                // It reads what the first writer wrote, not yet committed...
+                let seen: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM t")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                sqlx::query("INSERT INTO t (n) VALUES (2)")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.abandon().await.unwrap();
+                // ...and answers only once that is durable.
+                let durable: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM t WHERE n = 1")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                (seen.0, durable.0)
+            })
+        };
+        while group.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        first.commit().await.unwrap();
+        assert_eq!(second.await.unwrap(), (1, 1));
+        assert_eq!(rows(&pool).await, vec![1]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn past_the_queue_limit_a_writer_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(2);
+        let group = GroupCommit::new(2, Default::default());
         let holder = group.begin(&pool).await.unwrap();
         let queued: Vec<_> = (10..12)
             .map(|n| {

@@ -23,6 +23,7 @@ impl ImageStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         let outcome = check_insert(&mut tx, img).await?;
         if outcome != InsertOutcome::Inserted {
+            tx.abandon().await?;
             return Ok(outcome);
         }
         let canonical =
@@ -150,6 +151,7 @@ impl ImageStore for SqliteStore {
             )));
         };
         if image_name != tag.name {
+            tx.abandon().await?;
             return Ok(TagOutcome::NameMismatch { image_name });
         }
         let version_clash: Option<(i64,)> =
@@ -159,6 +161,7 @@ impl ImageStore for SqliteStore {
                 .fetch_optional(&mut *tx)
                 .await?;
         if version_clash.is_some() {
+            tx.abandon().await?;
             return Ok(TagOutcome::ClashesWithVersion);
         }
         let current: Option<(String,)> =
@@ -169,6 +172,7 @@ impl ImageStore for SqliteStore {
                 .await?;
         let from = current.map(|(d,)| parse_digest(&d)).transpose()?;
         if from == Some(*digest) {
+            tx.abandon().await?;
             return Ok(TagOutcome::Unchanged);
         }
         let now = now_ms();

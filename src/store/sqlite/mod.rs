@@ -82,12 +82,13 @@ impl SqliteStore {
                     .busy_timeout(Duration::from_secs(10)),
             )
             .await?;
+        let node_cache: std::sync::Arc<node_cache::NodeCache> = Default::default();
         Ok(Self {
             pool,
             read_pool,
-            writes: group_commit::GroupCommit::new(max_queued_writes),
+            writes: group_commit::GroupCommit::new(max_queued_writes, node_cache.clone()),
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
-            node_cache: Default::default(),
+            node_cache,
         })
     }
     /// A write transaction: this writer's part of a shared commit (`group_commit`).

@@ -209,6 +209,7 @@ impl NodeStore for SqliteStore {
                 .fetch_one(&mut *tx)
                 .await?;
                 if unassigned >= cap {
+                    tx.abandon().await?;
                     return Ok(None);
                 }
             }
@@ -239,7 +240,7 @@ impl NodeStore for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         if inserted {
             self.notify_events();
         }
@@ -259,7 +260,7 @@ impl NodeStore for SqliteStore {
             .bind(mac.to_string())
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
@@ -277,6 +278,7 @@ impl NodeStore for SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
         let Some((labels,)) = row else {
+            tx.abandon().await?;
             return Ok(None);
         };
         let mut labels: BTreeMap<String, String> = serde_json::from_str(&labels)
@@ -293,7 +295,7 @@ impl NodeStore for SqliteStore {
         .bind(mac.to_string())
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.node_after_write(mac).await
     }
     /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
@@ -322,15 +324,17 @@ impl NodeStore for SqliteStore {
         .await?
         .rows_affected();
         if changed == 0 {
+            tx.abandon().await?;
             return Ok(CasOutcome::Stale);
         }
         if let Some(with) = with
             && !write_attached(&mut tx, mac, with, now).await?
         {
+            tx.abandon().await?;
             return Ok(CasOutcome::AlreadyAttested);
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.notify_events();
         let node = self
             .node_after_write(mac)
@@ -356,9 +360,10 @@ impl NodeStore for SqliteStore {
     ) -> Result<ReimageOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         if let Some(refused) = reimage_in(&mut tx, mac, reason, rule, None).await? {
+            tx.abandon().await?;
             return Ok(refused);
         }
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.notify_events();
         let node = self
             .node_after_write(mac)

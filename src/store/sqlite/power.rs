@@ -29,11 +29,12 @@ impl PowerStore for SqliteStore {
         .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0 {
+            tx.abandon().await?;
             return Ok(None);
         }
         let data = BmcSetData { bmc: bmc.cloned() };
         super::events::insert_event(&mut tx, kind::BMC_SET, Some(mac), &data, now).await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.notify_events();
         self.node_after_write(mac).await
     }
@@ -180,6 +181,7 @@ impl PowerStore for SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
         let Some((id, bmc, found_uuid)) = found else {
+            tx.abandon().await?;
             return Ok(None);
         };
         let now = now_ms();
@@ -192,6 +194,7 @@ impl PowerStore for SqliteStore {
         .execute(&mut *tx)
         .await?;
         if given.rows_affected() == 0 {
+            tx.abandon().await?;
             return Ok(None);
         }
         sqlx::query("DELETE FROM bmc_registrations WHERE id = ?")
@@ -207,7 +210,7 @@ impl PowerStore for SqliteStore {
             serde_json::from_str(&bmc).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let data = serde_json::json!({ "id": id, "by": by, "bmc": bmc });
         super::events::insert_event(&mut tx, kind::BMC_MATCHED, Some(mac), &data, now).await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.node_cache.invalidate(mac);
         self.notify_events();
         Ok(Some(id))

@@ -25,8 +25,14 @@ impl RemovalStore for SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
         match found {
-            None => return Ok(Removed::Missing),
-            Some((v,)) if v != version => return Ok(Removed::Stale),
+            None => {
+                tx.abandon().await?;
+                return Ok(Removed::Missing);
+            }
+            Some((v,)) if v != version => {
+                tx.abandon().await?;
+                return Ok(Removed::Stale);
+            }
             Some(_) => {}
         }
         for sql in [
@@ -47,7 +53,7 @@ impl RemovalStore for SqliteStore {
             now_ms(),
         )
         .await?;
-        tx.commit().await?;
+        tx.commit_touching(mac).await?;
         self.node_cache.invalidate(mac);
         self.notify_events();
         Ok(Removed::Done)
@@ -87,6 +93,7 @@ impl RemovalStore for SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
         if found.is_none() {
+            tx.abandon().await?;
             return Ok(Removed::Missing);
         }
         for sql in [

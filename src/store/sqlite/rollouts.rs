@@ -139,6 +139,7 @@ impl RolloutStore for SqliteStore {
                         .fetch_one(&mut *tx)
                         .await?;
                 // Dropped uncommitted: the transaction rolls back, nothing is kept.
+                tx.abandon().await?;
                 return Ok(RolloutCreated::Overlap {
                     mac: n.mac,
                     rollout: other,
@@ -232,12 +233,14 @@ impl RolloutStore for SqliteStore {
         .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0 {
+            tx.abandon().await?;
             return Ok(RolloutMoved::Stale);
         }
         if m.reclaim
             && let Some((mac, rollout)) = claim_all(&mut tx, id).await?
         {
             // Dropped uncommitted: nothing of the move is kept.
+            tx.abandon().await?;
             return Ok(RolloutMoved::Overlap { mac, rollout });
         }
         if !m.queue_rollback.is_empty() {
@@ -275,6 +278,7 @@ impl RolloutStore for SqliteStore {
     async fn move_step(&self, id: i64, m: &StepMove<'_>) -> Result<bool, StoreError> {
         let mut tx = self.write_tx().await?;
         let Some(wave) = hold_step(&mut tx, id, m).await? else {
+            tx.abandon().await?;
             return Ok(false);
         };
         write_step(&mut tx, id, m, wave).await?;
@@ -295,16 +299,18 @@ impl RolloutStore for SqliteStore {
         // Rollout, step, then the budget's lock and the node (`reimage_in`), then the
         // events: the order every writer takes them in.
         let Some(wave) = hold_step(&mut tx, id, m).await? else {
+            tx.abandon().await?;
             return Ok(StepReimage::StaleStep);
         };
         if let Some(refused) =
             super::nodes::reimage_in(&mut tx, m.mac, reason, rule, Some(assign)).await?
         {
             // Dropped uncommitted: nothing is written.
+            tx.abandon().await?;
             return Ok(StepReimage::Refused(Box::new(refused)));
         }
         write_step(&mut tx, id, m, wave).await?;
-        tx.commit().await?;
+        tx.commit_touching(m.mac).await?;
         self.notify_events();
         self.node_after_write(m.mac).await?;
         Ok(StepReimage::Moved)
