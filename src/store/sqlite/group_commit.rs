@@ -222,6 +222,30 @@ impl GroupCommit {
     }
 }
 
+/// Rolls the gate holder's writes back to its savepoint. `rollback_owed` is set until
+/// that is done: a caller dropped mid-way leaves it set, and the batch is then rolled back
+/// whole rather than commit what this writer gave up. A batch that cannot roll back to
+/// the savepoint ends for everyone (its connection closed, rolling back).
+async fn roll_back_member(gate: &mut OwnedMutexGuard<Open>) {
+    let batch = gate.0.as_mut().expect("open while a member holds the gate");
+    batch.rollback_owed = true;
+    let undone = async {
+        sqlx::query("ROLLBACK TO member")
+            .execute(&mut *batch.conn)
+            .await?;
+        sqlx::query("RELEASE member")
+            .execute(&mut *batch.conn)
+            .await
+    };
+    match undone.await {
+        Ok(_) => batch.rollback_owed = false,
+        Err(e) => {
+            let batch = gate.0.take().expect("open");
+            let _ = end_broken(batch, e);
+        }
+    }
+}
+
 fn not_rolled_back() -> sqlx::Error {
     sqlx::Error::Protocol("a failed writer's rollback did not run; the batch is rolled back".into())
 }
@@ -269,25 +293,7 @@ impl WriteTx {
     /// name taken, a version moved) is given only once that is durable.
     pub(crate) async fn abandon(mut self) -> Result<(), StoreError> {
         let mut gate = self.gate.take().expect("a transaction ends once");
-        let batch = gate.0.as_mut().expect("open while a member holds the gate");
-        // Cleared once rolled back: a caller dropped mid-way leaves it set, and the batch
-        // is then rolled back whole rather than commit what this writer gave up.
-        batch.rollback_owed = true;
-        let undone = async {
-            sqlx::query("ROLLBACK TO member")
-                .execute(&mut *batch.conn)
-                .await?;
-            sqlx::query("RELEASE member")
-                .execute(&mut *batch.conn)
-                .await
-        };
-        match undone.await {
-            Ok(_) => batch.rollback_owed = false,
-            Err(e) => {
-                let batch = gate.0.take().expect("open");
-                let _ = end_broken(batch, e);
-            }
-        }
+        roll_back_member(&mut gate).await;
         drop(gate);
         self.outcome().await
     }
@@ -317,27 +323,14 @@ impl Drop for WriteTx {
             return;
         };
         if let Some(batch) = gate.0.as_mut() {
+            // Owed from here, not from the spawned task's first step: a task dropped
+            // unrun leaves it set for the next writer to see.
             batch.rollback_owed = true;
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let batch = gate.0.as_mut().expect("open while a member holds the gate");
-                    let undone = async {
-                        sqlx::query("ROLLBACK TO member")
-                            .execute(&mut *batch.conn)
-                            .await?;
-                        sqlx::query("RELEASE member")
-                            .execute(&mut *batch.conn)
-                            .await
-                    };
-                    match undone.await {
-                        Ok(_) => batch.rollback_owed = false,
-                        Err(e) => {
-                            let batch = gate.0.take().expect("open");
-                            let _ = end_broken(batch, e);
-                        }
-                    }
+                    roll_back_member(&mut gate).await;
                     drop(gate);
                 });
             }
