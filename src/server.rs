@@ -117,6 +117,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         preboot: Default::default(),
         health: std::sync::Arc::new(crate::health::Health::new(cfg.health.clone())),
         liveness: Default::default(),
+        baselines: Default::default(),
     };
     let secrets = cfg
         .power

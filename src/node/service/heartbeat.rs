@@ -10,6 +10,7 @@ use crate::node::policy::DriftAction;
 use crate::node::reimage::ReimageError;
 use crate::node::state::NodeEvent;
 use crate::store::BootFacts;
+use std::sync::Arc;
 
 fn answer(action: NextAction, drift: Vec<Difference>) -> HeartbeatAnswer {
     HeartbeatAnswer { action, drift }
@@ -32,7 +33,56 @@ pub fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
     })
 }
 
+/// Each boot's drift baseline, kept once read: a heartbeat of a ready node compared its
+/// facts with a baseline read and parsed from the boot row (two queries and a JSON parse)
+/// every time, though a boot's attestation never changes and its validation only when
+/// it is validated again (which forgets the entry here). Bounded: past `BASELINES_MAX`
+/// entries it starts over (a fleet's nodes each have one current boot). Another server's
+/// revalidation of a boot is not seen here until this server restarts or starts over;
+/// a passed revalidation within one boot names the GPUs the first one did.
+#[derive(Default)]
+pub struct Baselines(std::sync::Mutex<std::collections::HashMap<String, Arc<Baseline>>>);
+
+const BASELINES_MAX: usize = 65_536;
+
+impl Baselines {
+    fn get(&self, boot_id: &str) -> Option<Arc<Baseline>> {
+        self.0.lock().expect("not poisoned").get(boot_id).cloned()
+    }
+
+    fn keep(&self, boot_id: &str, baseline: Arc<Baseline>) {
+        let mut all = self.0.lock().expect("not poisoned");
+        if all.len() >= BASELINES_MAX {
+            all.clear();
+        }
+        all.insert(boot_id.to_string(), baseline);
+    }
+
+    /// The boot was validated again: its GPUs may differ.
+    pub fn forget(&self, boot_id: &str) {
+        self.0.lock().expect("not poisoned").remove(boot_id);
+    }
+}
+
 impl NodeService {
+    /// `boot_id`'s baseline, from memory or the store.
+    async fn baseline(&self, boot_id: &str) -> Result<Option<Arc<Baseline>>, AttestError> {
+        if let Some(hit) = self.baselines.get(boot_id) {
+            return Ok(Some(hit));
+        }
+        let Some(boot) = self.store.boot_by_id(boot_id).await? else {
+            return Ok(None);
+        };
+        let Some(baseline) = baseline_of(&boot).map(Arc::new) else {
+            return Ok(None);
+        };
+        // Only a validated boot's baseline is final until its next validation.
+        if baseline.gpus.is_some() {
+            self.baselines.keep(boot_id, baseline.clone());
+        }
+        Ok(Some(baseline))
+    }
+
     pub async fn heartbeat(
         &self,
         caller: &super::attest::Caller,
@@ -86,8 +136,7 @@ impl NodeService {
         let mut drift = Vec::new();
         if let Some(facts) = &req.facts
             && matches!(node.state, NodeState::Ready | NodeState::Drifted)
-            && let Some(boot) = store.boot_by_id(&req.boot_id).await?
-            && let Some(baseline) = baseline_of(&boot)
+            && let Some(baseline) = self.baseline(&req.boot_id).await?
         {
             drift = compare(&baseline, facts);
         }

@@ -66,6 +66,8 @@ pub struct NodeService {
     pub health: Arc<crate::health::Health>,
     /// When nodes were last heard, stored in batches (a heartbeat writes nothing itself).
     pub liveness: Arc<crate::node::liveness::Liveness>,
+    /// Each boot's drift baseline, read once (`heartbeat::Baselines`).
+    pub baselines: heartbeat::Baselines,
 }
 
 /// What a boot needs of an image, parsed once per digest.

@@ -101,6 +101,7 @@ impl NodeService {
             .apply_with(mac, event, &reason, Some(&validation))
             .await
             .map_err(not_now)?;
+        self.baselines.forget(&req.boot_id);
         self.time_validated(&facts, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
