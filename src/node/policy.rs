@@ -21,7 +21,8 @@ pub enum DriftAction {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LifecyclePolicy {
-    /// A node that should heartbeat and was silent this long is unreachable [default: 90].
+    /// A node that should heartbeat and was silent this long is unreachable (noticed within
+    /// a sixth more: heartbeats are stored in batches, `liveness_flush_ms`) [default: 90].
     pub heartbeat_timeout_secs: u64,
     /// A node that got its boot script and did not attest within this long (a kernel
     /// panic, a hung initramfs) is unreachable [default: 600].
