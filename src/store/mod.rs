@@ -507,9 +507,10 @@ pub trait NodeStore: Send + Sync {
     async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError>;
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
-    /// Whether a revalidation request waits (a read: the heartbeat writes only when one
-    /// does).
-    async fn revalidate_pending(&self, mac: &Mac) -> Result<bool, StoreError>;
+    /// The node, and whether a revalidation request waits for it, in one read (a
+    /// heartbeat's: it writes only when one does).
+    async fn node_for_heartbeat(&self, mac: &Mac)
+    -> Result<Option<(NodeRecord, bool)>, StoreError>;
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// Nodes and when we last heard from them: the later of their last heartbeat and

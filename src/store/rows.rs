@@ -61,6 +61,20 @@ macro_rules! select_nodes {
 
 pub(crate) use select_nodes;
 
+/// `select_nodes!` with one more column after `NodeRow`'s (read by index 11).
+macro_rules! select_nodes_and {
+    ($column:literal, $rest:literal) => {
+        concat!(
+            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc, ",
+            $column,
+            " FROM nodes ",
+            $rest
+        )
+    };
+}
+
+pub(crate) use select_nodes_and;
+
 pub(crate) fn node(r: NodeRow) -> Result<NodeRecord, StoreError> {
     let corrupt = |m: String| StoreError::Corrupt(m);
     Ok(NodeRecord {

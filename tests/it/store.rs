@@ -435,11 +435,24 @@ async fn a_revalidation_request_is_answered_once(db: Db) {
     let mac = mac(3);
     assert!(!a.request_revalidate(&mac).await.unwrap(), "unknown node");
     a.discover(&mac, None, "test").await.unwrap();
+    let pending = |store: &Store| {
+        let store = store.clone();
+        async move { store.node_for_heartbeat(&mac).await.unwrap().unwrap().1 }
+    };
+    assert!(!pending(&b).await, "nothing asked yet");
     for _ in 0..10 {
         assert!(a.request_revalidate(&mac).await.unwrap());
+        assert!(pending(&b).await, "the heartbeat's read sees the request");
         let (x, y) = tokio::join!(a.take_revalidate(&mac), b.take_revalidate(&mac));
         assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|t| **t).count(), 1);
+        assert!(!pending(&a).await, "answered once");
     }
+    assert!(
+        a.node_for_heartbeat(&self::mac(99))
+            .await
+            .unwrap()
+            .is_none()
+    );
     a.close().await;
     b.close().await;
 }

@@ -107,7 +107,10 @@ impl NodeService {
         let mac = &req.mac;
         let now_ms = crate::clock::now_ms();
         self.liveness.heard(*mac, now_ms);
-        let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
+        let (node, revalidate) = store
+            .node_for_heartbeat(mac)
+            .await?
+            .ok_or(Refusal::BadToken)?;
         self.controller
             .metrics()
             .gpus()
@@ -165,8 +168,8 @@ impl NodeService {
             }
             return Ok(answer(NextAction::None, drift));
         }
-        // Read first: a heartbeat that changes nothing writes nothing.
-        if store.revalidate_pending(mac).await? && store.take_revalidate(mac).await? {
+        // Read with the node: a heartbeat that changes nothing writes nothing.
+        if revalidate && store.take_revalidate(mac).await? {
             return Ok(answer(NextAction::Revalidate, drift));
         }
         Ok(answer(NextAction::None, drift))

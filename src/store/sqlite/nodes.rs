@@ -444,13 +444,21 @@ impl NodeStore for SqliteStore {
         tx.commit().await?;
         Ok(())
     }
-    async fn revalidate_pending(&self, mac: &Mac) -> Result<bool, StoreError> {
-        let row: Option<(i64,)> =
-            sqlx::query_as("SELECT revalidate_requested FROM nodes WHERE mac = ?")
-                .bind(mac.to_string())
-                .fetch_optional(&self.read_pool)
-                .await?;
-        Ok(row.is_some_and(|(pending,)| pending != 0))
+    async fn node_for_heartbeat(
+        &self,
+        mac: &Mac,
+    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
+        use sqlx::{FromRow, Row};
+        let row = sqlx::query(rows::select_nodes_and!(
+            "revalidate_requested",
+            "WHERE mac = ?"
+        ))
+        .bind(mac.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let node = rows::node(NodeRow::from_row(&row)?)?;
+        Ok(Some((node, row.try_get::<bool, _>(11)?)))
     }
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
