@@ -91,6 +91,16 @@ impl TestServer {
         r.text().await.unwrap()
     }
 
+    /// The value of an unlabelled series in `/metrics` (`bootfleet_store_writes_total`).
+    pub async fn metric(&self, series: &str) -> u64 {
+        let metrics = self.text("/metrics").await;
+        let line = metrics
+            .lines()
+            .find(|l| l.strip_prefix(series).is_some_and(|v| v.starts_with(' ')))
+            .unwrap_or_else(|| panic!("{series} is not exported"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
     pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
         self.http.post(self.url(path)).bearer_auth(&self.token)
     }

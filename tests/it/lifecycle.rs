@@ -323,16 +323,6 @@ async fn attestation_compares_what_this_boot_actually_fetched() {
     server.stop().await;
 }
 
-/// `bootfleet_store_writes_total`: writers whose turn ended in a commit.
-async fn store_writes(server: &TestServer) -> u64 {
-    let metrics = server.text("/metrics").await;
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with("bootfleet_store_writes_total "))
-        .expect("the write counter is exported");
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 /// Heartbeats that change nothing write nothing: what was heard is stored in one write
 /// per flush (a sixth of the timeout), and a node that keeps beating stays ready past
 /// its timeout many times over.
@@ -346,7 +336,7 @@ async fn a_beating_node_stays_ready_and_its_heartbeats_are_stored_in_batches() {
     let node = FakeNode::new(&server, "52-54-00-10-00-06");
     server.assign(&node.mac, "demo:stable").await;
     let boot = node.boot_to_ready(&image).await;
-    let before = store_writes(&server).await;
+    let before = server.metric("bootfleet_store_writes_total").await;
     // 40 heartbeats over 4 s: twice the timeout, eight flushes (one every 333 ms).
     for _ in 0..40 {
         let (status, answer) = node.heartbeat(&boot, None).await;
@@ -354,7 +344,7 @@ async fn a_beating_node_stays_ready_and_its_heartbeats_are_stored_in_batches() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(node.state().await, "ready");
-    let writes = store_writes(&server).await - before;
+    let writes = server.metric("bootfleet_store_writes_total").await - before;
     // Two writes a heartbeat before (its time, and the revalidation flag).
     assert!(writes <= 16, "{writes} writes for 40 heartbeats");
     server.stop().await;

@@ -18,7 +18,7 @@ fn answer(action: NextAction, drift: Vec<Difference>) -> HeartbeatAnswer {
 
 /// The baseline a boot's facts are compared with: its attestation report, and the GPUs
 /// its validation saw.
-pub fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
+fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
     let report: AttestReport = serde_json::from_value(boot.report.clone()?).ok()?;
     let gpus = boot
         .validation
