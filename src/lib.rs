@@ -3,6 +3,7 @@
 
 pub use bootfleet_api as api;
 
+pub mod audit;
 pub mod auth;
 pub mod boot;
 pub mod cli;

@@ -145,6 +145,11 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         rollouts: std::sync::Arc::new(rollouts),
         power: std::sync::Arc::new(power),
         registry,
+        tokens: std::sync::Arc::new(crate::auth::tokens::Tokens::new(
+            store.clone(),
+            token.clone(),
+        )),
+        auth_failures: Default::default(),
         token,
         tasks: TaskTracker::new(),
         nodes: std::sync::Arc::new(nodes),

@@ -10,6 +10,7 @@ pub mod output;
 mod power;
 mod rollout;
 mod serve;
+mod token;
 
 use std::path::PathBuf;
 
@@ -71,6 +72,9 @@ pub enum Command {
     /// resume, abort or roll back.
     #[command(subcommand)]
     Rollout(rollout::RolloutCommand),
+    /// Create, list and revoke named API tokens, each with a role (admin only).
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// Print a shell completion script: `bootfleet completions bash >
     /// /etc/bash_completion.d/bootfleet` (bash, zsh, fish, elvish, powershell).
     Completions {
@@ -167,6 +171,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Image(cmd) => image::run(cmd, &client, cli.output).await,
         Command::Node(cmd) => node::run(cmd, &client, cli.output).await,
         Command::Rollout(cmd) => rollout::run(cmd, &client, cli.output).await,
+        Command::Token(cmd) => token::run(cmd, &client, cli.output).await,
     }
 }
 

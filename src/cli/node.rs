@@ -332,7 +332,14 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
                         .from
                         .map(|s| s.to_string())
                         .unwrap_or_else(|| "(new)".into());
-                    println!("{}  {} -> {}  {}", h.at, from, h.to, h.reason);
+                    println!(
+                        "{}  {} -> {}  {}{}",
+                        h.at,
+                        from,
+                        h.to,
+                        h.reason,
+                        by(&h.actor)
+                    );
                 }
             })
         }
@@ -457,7 +464,14 @@ fn print_detail(d: &NodeDetail) {
             .from
             .map(|s| s.to_string())
             .unwrap_or_else(|| "(new)".into());
-        println!("  {}  {} -> {}  {}", h.at, from, h.to, h.reason);
+        println!(
+            "  {}  {} -> {}  {}{}",
+            h.at,
+            from,
+            h.to,
+            h.reason,
+            by(&h.actor)
+        );
     }
 }
 
@@ -543,11 +557,20 @@ fn print_events(page: &EventPage) {
             _ => String::new(),
         };
         println!(
-            "{:>6}  {}  {:<16} {what}  {}",
+            "{:>6}  {}  {:<16} {what}  {}{}",
             e.seq,
             e.at,
             e.kind,
-            data["reason"].as_str().unwrap_or("")
+            data["reason"].as_str().unwrap_or(""),
+            by(&e.actor)
         );
     }
+}
+
+/// `  (by NAME)` for what a token's request did; nothing for the server's own work.
+fn by(actor: &Option<String>) -> String {
+    actor
+        .as_deref()
+        .map(|a| format!("  (by {a})"))
+        .unwrap_or_default()
 }

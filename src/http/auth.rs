@@ -1,13 +1,19 @@
-//! The admin API's check: the bearer token, or the console's session cookie (with its
-//! CSRF header on anything but a read). 401 without either, 403 with a wrong one.
+//! The admin API's check: a bearer token (the admin's or a named one), or the console's
+//! session cookie (with its CSRF header on anything but a read). 401 without either, 403
+//! with a wrong one or a role that does not allow the route, 429 for a source that has
+//! failed too often.
 
-use axum::extract::{Request, State};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::auth::roles;
+use crate::auth::tokens::Caller;
 
 /// The request's bearer token, if it has one. The scheme is case-insensitive (RFC 7235):
 /// `bearer` and `BEARER` are `Bearer`.
@@ -18,19 +24,67 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-pub async fn require_admin(
+/// The admin API's gate: who the caller is (a token, or the console's session, which
+/// acts as the admin), whether their role allows this route, and then the request runs
+/// on their behalf (`audit`), so every event and history row it writes names them.
+/// Sources that fail too often are refused before their token is even looked at.
+pub async fn authorize(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    match bearer(request.headers()) {
-        Some(token) if state.token.matches(token) => Ok(next.run(request).await),
-        Some(_) => Err(ApiError::Forbidden),
-        None => {
-            console_session(&state, &request)?;
-            Ok(next.run(request).await)
-        }
+    let source = request
+        .extensions()
+        .get::<super::serve::Peer>()
+        .map(|p| p.0.ip());
+    if let Some(ip) = source
+        && let Err(wait) = state.auth_failures.check(ip, Instant::now())
+    {
+        state.metrics.auth_failed(crate::metrics::AUTH_RATE_LIMITED);
+        return Err(ApiError::TooManyFailures(wait.as_secs().max(1)));
     }
+    let failed = |reason: &'static str| {
+        state.metrics.auth_failed(reason);
+        if let Some(ip) = source {
+            state.auth_failures.failed(ip, Instant::now());
+        }
+    };
+    let caller = match bearer(request.headers()) {
+        Some(token) => match state.tokens.authenticate(token).await {
+            Ok(Ok(caller)) => caller,
+            Ok(Err(refusal)) => {
+                failed(refusal.as_str());
+                return Err(ApiError::Forbidden);
+            }
+            Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
+        },
+        None => match console_session(&state, &request) {
+            Ok(()) => Caller::admin(),
+            Err(e) => {
+                if e.is_forbidden() {
+                    failed(crate::metrics::AUTH_SESSION);
+                }
+                return Err(e);
+            }
+        },
+    };
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().trim_start_matches("/api/v1").to_string())
+        .unwrap_or_default();
+    if !roles::allows(caller.role, request.method(), &route) {
+        state.metrics.auth_failed(crate::metrics::AUTH_NOT_ALLOWED);
+        return Err(ApiError::Refused(format!(
+            "the token {:?} has the role {}, which may not {} /api/v1{route}",
+            caller.name,
+            caller.role,
+            request.method()
+        )));
+    }
+    let name = caller.name.clone();
+    request.extensions_mut().insert(caller);
+    Ok(crate::audit::acting_as(name, next.run(request)).await)
 }
 
 /// A request from the console: a valid session cookie; a write also needs the session's

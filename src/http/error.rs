@@ -43,6 +43,16 @@ pub enum ApiError {
     /// Over a limit that lifts with time (the disruption budget): 429 with Retry-After.
     #[error("{0}")]
     TooMany(String),
+    /// This source failed to authenticate too often: 429, retry after these seconds.
+    #[error("too many failed authentications from this address: retry in {0} s")]
+    TooManyFailures(u64),
+}
+
+impl ApiError {
+    /// A credential was presented and refused (not merely missing).
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, ApiError::Forbidden)
+    }
 }
 
 impl From<RegistryError> for ApiError {
@@ -127,7 +137,7 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooMany(_) | ApiError::TooManyFailures(_) => StatusCode::TOO_MANY_REQUESTS,
         };
         let error = capped(self.to_string());
         // Too many writers queued: a short wait, as the queue drains in milliseconds.
@@ -144,7 +154,11 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
         }
-        if status == StatusCode::TOO_MANY_REQUESTS {
+        if let ApiError::TooManyFailures(secs) = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, secs.into());
+        } else if status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));

@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::api::image::{Image, ImageDetail, TagRequest};
 use crate::api::refs::{ImageRef, TagName};
+use crate::auth::tokens::Caller;
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -21,15 +22,16 @@ pub struct PublishQuery {
     tag: Option<String>,
 }
 
-/// Who moved a tag: what the client says (`X-Bootfleet-Actor`), else "admin".
-fn actor(headers: &HeaderMap) -> String {
+/// Who moved a tag, for its history: the token's name, which the gate checked, then
+/// who the client says is at the keyboard (`X-Bootfleet-Actor`, unchecked) in brackets.
+fn actor(caller: &Caller, headers: &HeaderMap) -> String {
     headers
         .get("x-bootfleet-actor")
         .and_then(|v| v.to_str().ok())
         .map(|s| s.trim())
         .filter(|s| !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_graphic()))
-        .map(|s| format!("admin ({s})"))
-        .unwrap_or_else(|| "admin".into())
+        .map(|s| format!("{} ({s})", caller.name))
+        .unwrap_or_else(|| caller.name.clone())
 }
 
 fn bad_request(e: impl ToString) -> ApiError {
@@ -44,6 +46,7 @@ fn bad_request(e: impl ToString) -> ApiError {
 )]
 pub async fn publish(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Query(q): Query<PublishQuery>,
     headers: HeaderMap,
     body: Body,
@@ -57,12 +60,14 @@ pub async fn publish(
     let stream = body.into_data_stream().map_err(std::io::Error::other);
     let reader = SyncIoBridge::new(StreamReader::new(stream));
     let registry = state.registry.clone();
-    let actor = actor(&headers);
+    let actor = actor(&caller, &headers);
     // Run to completion even if the client goes away after the upload: a publish that
     // got all its bytes finishes (or is refused) whole. The tracker joins it at shutdown.
     let outcome = state
         .tasks
-        .spawn(async move { registry.publish(reader, tag, &actor).await })
+        .spawn(crate::audit::acting_as(caller.name, async move {
+            registry.publish(reader, tag, &actor).await
+        }))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let status = if outcome.created {
@@ -103,6 +108,7 @@ pub async fn show(
 )]
 pub async fn put_tag(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Path((name, tag)): Path<(String, String)>,
     headers: HeaderMap,
     Json(req): Json<TagRequest>,
@@ -110,7 +116,10 @@ pub async fn put_tag(
     let tag = TagName::parse(&format!("{name}:{tag}")).map_err(bad_request)?;
     let r = ImageRef::parse(&req.image).map_err(bad_request)?;
     let digest = state.registry.resolve(&r).await?;
-    let result = state.registry.tag(&tag, &digest, &actor(&headers)).await?;
+    let result = state
+        .registry
+        .tag(&tag, &digest, &actor(&caller, &headers))
+        .await?;
     Ok(Json(result).into_response())
 }
 
@@ -183,6 +192,7 @@ pub struct ImportQuery {
 )]
 pub async fn import(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
     Query(q): Query<ImportQuery>,
     headers: HeaderMap,
     body: Body,
@@ -221,11 +231,13 @@ pub async fn import(
         }
     };
     let registry = state.registry.clone();
-    let actor = actor(&headers);
+    let actor = actor(&caller, &headers);
     // Like a publish: an import that got its bytes finishes (or is refused) whole.
     let outcome = state
         .tasks
-        .spawn(async move { registry.import(request, source, &actor).await })
+        .spawn(crate::audit::acting_as(caller.name, async move {
+            registry.import(request, source, &actor).await
+        }))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let status = if outcome.publish.created {

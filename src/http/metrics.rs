@@ -1,5 +1,5 @@
-//! `GET /metrics` and `GET /metrics/gpus`: the admin token or the scrape-only token
-//! (`[metrics] token_file`).
+//! `GET /metrics` and `GET /metrics/gpus`: the admin token, the scrape-only token
+//! (`[metrics] token_file`), or any named token that is not revoked (every role reads).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
@@ -9,20 +9,27 @@ use super::AppState;
 use super::auth::bearer;
 use super::error::ApiError;
 
-/// The admin token or the scrape-only token.
-fn allowed(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// The scrape-only token, the admin token or a named one.
+async fn allowed(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(token) = bearer(headers) else {
         return Err(ApiError::Unauthorized);
     };
-    let scrape_token = state
+    if state
         .scrape
         .token
         .as_ref()
-        .is_some_and(|t| t.matches(token));
-    if !state.token.matches(token) && !scrape_token {
-        return Err(ApiError::Forbidden);
+        .is_some_and(|t| t.matches(token))
+    {
+        return Ok(());
     }
-    Ok(())
+    match state.tokens.authenticate(token).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(refusal)) => {
+            state.metrics.auth_failed(refusal.as_str());
+            Err(ApiError::Forbidden)
+        }
+        Err(e) => Err(crate::registry::RegistryError::from(e).into()),
+    }
 }
 
 fn text(body: String) -> Response {
@@ -39,7 +46,7 @@ pub async fn scrape(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    allowed(&state, &headers)?;
+    allowed(&state, &headers).await?;
     let census = crate::metrics::census::gather(&state.registry.store, &state.scrape)
         .await
         .map_err(|e| ApiError::from(crate::registry::RegistryError::from(e)))?;
@@ -60,7 +67,7 @@ pub async fn scrape(
     responses((status = 200, description = "Each GPU's newest heartbeat readings, Prometheus text format 0.0.4", content_type = "text/plain", body = String))
 )]
 pub async fn gpus(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    allowed(&state, &headers)?;
+    allowed(&state, &headers).await?;
     let snapshot = state.metrics.gpus().snapshot(crate::clock::now_ms());
     // Tens of milliseconds for a large fleet: off the async workers.
     let body = tokio::task::spawn_blocking(move || crate::metrics::gpus::encode(snapshot))

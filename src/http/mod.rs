@@ -17,6 +17,7 @@ mod power;
 pub mod range;
 mod rollouts;
 pub mod serve;
+mod tokens;
 mod ui;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -38,6 +39,10 @@ use crate::registry::Registry;
 pub struct AppState {
     pub registry: Registry,
     pub token: AdminToken,
+    /// Named API tokens, and the admin token, as the gate checks them.
+    pub tokens: std::sync::Arc<crate::auth::tokens::Tokens>,
+    /// Failed authentications per source.
+    pub auth_failures: std::sync::Arc<crate::auth::limiter::FailureLimiter>,
     /// Work that must finish even if its request is dropped (publishes); joined at shutdown.
     pub tasks: TaskTracker,
     /// The node service: boots, the agent's calls, the admin node API.
@@ -196,7 +201,7 @@ fn admin_api(state: &AppState) -> Router<AppState> {
         .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            auth::require_admin,
+            auth::authorize,
         ));
     Router::new().nest("/api/v1", admin)
 }
@@ -231,6 +236,8 @@ fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(events::list))
         .routes(routes!(events::stream))
         .routes(routes!(openapi::document))
+        .routes(routes!(tokens::list, tokens::create))
+        .routes(routes!(tokens::revoke))
 }
 
 /// `GET /healthz`.

@@ -398,12 +398,21 @@ pub async fn heartbeat(
 )]
 pub async fn reimage(
     State(state): State<AppState>,
+    Extension(caller): Extension<crate::auth::tokens::Caller>,
     Path(mac): Path<String>,
     headers: HeaderMap,
     Json(req): Json<ReimageRequest>,
 ) -> Result<Response, ApiError> {
     use crate::node::reimage::ReimageError;
     let mac = parse_mac(&mac)?;
+    // Choosing what a node runs is an operator's call; a fleet controller repairs a
+    // node with the image it is assigned.
+    if caller.role == crate::api::token::Role::FleetController && req.image.is_some() {
+        return Err(ApiError::Refused(format!(
+            "the token {:?} (fleet-controller) reimages into the node's assigned image only: leave out \"image\"",
+            caller.name
+        )));
+    }
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     match state
         .nodes

@@ -18,9 +18,11 @@ use utoipa::{Modify, PartialSchema};
     info(
         title = "bootfleet",
         description = "Network-boot provisioning for bare-metal GPU clusters. The admin API \
-            (`/api/v1`, but `/api/v1/agent`) takes the admin token as a bearer token, or the \
-            console's session cookie with its CSRF header; the agent's calls take the boot \
-            token its boot script carried; `/metrics` takes the admin or the scrape-only token. \
+            (`/api/v1`, but `/api/v1/agent`) takes the admin token or a named token as a bearer \
+            token (each named token has a role: admin, operator, fleet-controller, read-only; a \
+            route its role does not allow answers 403), or the console's session cookie with its \
+            CSRF header; the agent's calls take the boot token its boot script carried; \
+            `/metrics` takes any of the API tokens or the scrape-only token. \
             Every error answer is `{\"error\": \"<reason>\"}`."
     ),
     security(("admin" = [])),
@@ -33,6 +35,7 @@ use utoipa::{Modify, PartialSchema};
         (name = "power", description = "Power control through BMCs"),
         (name = "rollouts", description = "Rollouts of an image across nodes, gated on health"),
         (name = "events", description = "The event log: pages and a live feed"),
+        (name = "tokens", description = "Named API tokens with a role: create, list, revoke (admin only)"),
         (name = "health", description = "Liveness and readiness"),
         (name = "metrics", description = "Prometheus metrics"),
         (name = "api", description = "This document")

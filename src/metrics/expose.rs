@@ -200,6 +200,11 @@ pub fn encode(
         i.health_verdicts.clone(),
     );
     r.register(
+        "auth_failures",
+        "Admin API requests refused at authentication or authorisation, by reason",
+        i.auth_failures.clone(),
+    );
+    r.register(
         "reimage_refusals",
         "Reimages refused, by reason (over-budget: the disruption budget)",
         i.reimage_refusals.clone(),

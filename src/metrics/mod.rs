@@ -129,6 +129,7 @@ pub struct Inner {
     health_verdicts: Family<VerdictLabels, Counter>,
     fetch_commit_seconds: Histogram,
     fetch_records_dropped: Counter,
+    auth_failures: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Inner {
@@ -143,6 +144,9 @@ impl Default for Inner {
             let _ = inner.attestations.get_or_create(&ResultLabels { result });
             let _ = inner.validations.get_or_create(&ResultLabels { result });
         }
+        for reason in AUTH_REASONS {
+            let _ = inner.auth_failures.get_or_create(&ReasonLabels { reason });
+        }
         for reason in [REFUSED_OVER_BUDGET, REFUSED_NOT_ALLOWED] {
             let _ = inner
                 .reimage_refusals
@@ -155,6 +159,22 @@ impl Default for Inner {
 /// Reimage refusals: the disruption budget, or the node's state.
 pub const REFUSED_OVER_BUDGET: &str = "over-budget";
 pub const REFUSED_NOT_ALLOWED: &str = "not-allowed";
+
+/// Admin API requests refused at the gate: a token no one holds, a revoked one, a
+/// session cookie or CSRF token that does not check out, a role that does not allow
+/// the route, a source refused for failing too often.
+pub const AUTH_UNKNOWN: &str = "unknown";
+pub const AUTH_REVOKED: &str = "revoked";
+pub const AUTH_SESSION: &str = "session";
+pub const AUTH_NOT_ALLOWED: &str = "not-allowed";
+pub const AUTH_RATE_LIMITED: &str = "rate-limited";
+const AUTH_REASONS: [&str; 5] = [
+    AUTH_UNKNOWN,
+    AUTH_REVOKED,
+    AUTH_SESSION,
+    AUTH_NOT_ALLOWED,
+    AUTH_RATE_LIMITED,
+];
 
 impl Inner {
     fn empty() -> Self {
@@ -177,6 +197,7 @@ impl Inner {
             health_verdicts: Default::default(),
             fetch_commit_seconds: seconds(),
             fetch_records_dropped: Default::default(),
+            auth_failures: Default::default(),
         }
     }
 }
@@ -307,6 +328,14 @@ impl Metrics {
     pub fn reimage_refused(&self, reason: &'static str) {
         self.0
             .reimage_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// An admin API request refused at the gate, for `reason` (one of `AUTH_*`).
+    pub fn auth_failed(&self, reason: &'static str) {
+        self.0
+            .auth_failures
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

@@ -861,6 +861,37 @@ pub trait RolloutStore: Send + Sync {
     ) -> Result<Option<(NodeState, String)>, StoreError>;
 }
 
+/// A named API token as stored (its secret's hash is looked up, never read back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    pub name: String,
+    pub role: crate::api::token::Role,
+    pub created_at_ms: i64,
+    pub created_by: String,
+    pub revoked_at_ms: Option<i64>,
+    pub revoked_by: Option<String>,
+}
+
+/// Named API tokens: each write with its event (`token.created`, `token.revoked`).
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Records a token under the SHA-256 of its secret; false when the name is taken,
+    /// by a revoked token too.
+    async fn create_token(&self, row: &TokenRow, secret_sha256: &str) -> Result<bool, StoreError>;
+    /// The token whose secret hashes to `secret_sha256`, revoked or not.
+    async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<TokenRow>, StoreError>;
+    /// Every token, by name.
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError>;
+    /// Revokes `name`: None when there is no such token, Some(false) when it was
+    /// revoked already (nothing written).
+    async fn revoke_token(
+        &self,
+        name: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<Option<bool>, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
@@ -875,6 +906,7 @@ pub trait Backend:
     + RemovalStore
     + PowerStore
     + RolloutStore
+    + TokenStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

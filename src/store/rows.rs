@@ -124,17 +124,18 @@ pub(crate) fn census(rows: Vec<CensusTuple>) -> Result<Vec<crate::store::CensusR
         .collect()
 }
 
-/// `from_state, to_state, reason, at_ms` of `node_history`.
-pub(crate) type HistoryRow = (Option<String>, String, String, i64);
+/// `from_state, to_state, reason, at_ms, actor` of `node_history`.
+pub(crate) type HistoryRow = (Option<String>, String, String, i64, Option<String>);
 
 pub(crate) fn history(rows: Vec<HistoryRow>) -> Result<Vec<StateChange>, StoreError> {
     rows.into_iter()
-        .map(|(from, to, reason, at)| {
+        .map(|(from, to, reason, at, actor)| {
             Ok(StateChange {
                 from: from.as_deref().map(state).transpose()?,
                 to: state(&to)?,
                 reason,
                 at: format_ms(at),
+                actor,
             })
         })
         .collect()
@@ -149,12 +150,12 @@ pub(crate) fn last_seen(
         .collect()
 }
 
-/// `seq, at_ms, kind, mac, data` of `events`.
-pub(crate) type EventRow = (i64, i64, String, Option<String>, String);
+/// `seq, at_ms, kind, mac, data, actor` of `events`.
+pub(crate) type EventRow = (i64, i64, String, Option<String>, String, Option<String>);
 
 pub(crate) fn events(rows: Vec<EventRow>) -> Result<Vec<Event>, StoreError> {
     rows.into_iter()
-        .map(|(seq, at, kind, node, data)| {
+        .map(|(seq, at, kind, node, data, actor)| {
             Ok(Event {
                 seq,
                 at: format_ms(at),
@@ -162,6 +163,7 @@ pub(crate) fn events(rows: Vec<EventRow>) -> Result<Vec<Event>, StoreError> {
                 node: node.as_deref().map(mac).transpose()?,
                 data: serde_json::from_str(&data)
                     .map_err(|e| StoreError::Corrupt(format!("event {seq}: {e}")))?,
+                actor,
             })
         })
         .collect()
@@ -452,5 +454,23 @@ pub(crate) fn rollout_node(r: RolloutNodeRaw) -> Result<crate::store::RolloutNod
         reason: r.reason,
         started_at_ms: r.started_at_ms,
         finished_at_ms: r.finished_at_ms,
+    })
+}
+
+/// `name, role, created_at_ms, created_by, revoked_at_ms, revoked_by` of `api_tokens`.
+pub(crate) type TokenColumns = (String, String, i64, String, Option<i64>, Option<String>);
+
+pub(crate) fn token(
+    (name, role, created_at_ms, created_by, revoked_at_ms, revoked_by): TokenColumns,
+) -> Result<crate::store::TokenRow, StoreError> {
+    Ok(crate::store::TokenRow {
+        role: role
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("token {name}: {e}")))?,
+        name,
+        created_at_ms,
+        created_by,
+        revoked_at_ms,
+        revoked_by,
     })
 }

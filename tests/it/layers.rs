@@ -15,12 +15,13 @@ const RULES: &[(&str, &[&str])] = &[
     ("udp_buffer", &[]),
     ("heap", &[]),
     ("http_client", &[]),
-    ("auth", &[]),
+    ("audit", &[]),
+    ("auth", &["api", "clock", "store"]),
     ("dhcp", &["api", "clock", "udp_buffer"]),
     ("tftp", &["api", "clock", "udp_buffer", "image"]),
     ("boot", &["api"]),
     ("image", &["api", "clock", "http_client"]),
-    ("store", &["api", "clock"]),
+    ("store", &["api", "audit", "clock"]),
     ("leader", &["clock", "store"]),
     ("health", &["api", "clock"]),
     (
@@ -59,8 +60,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "http",
         &[
-            "api", "auth", "clock", "events", "image", "metrics", "node", "power", "registry",
-            "rollout", "tftp",
+            "api", "audit", "auth", "clock", "events", "image", "metrics", "node", "power",
+            "registry", "rollout", "tftp",
         ],
     ),
     ("cli", &["api", "auth", "config", "http_client"]),

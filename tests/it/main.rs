@@ -34,5 +34,6 @@ mod store;
 mod storm;
 mod tftp;
 mod tidy;
+mod tokens;
 mod two_stage;
 mod ui;

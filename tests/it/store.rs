@@ -70,6 +70,7 @@ on_both!(
     an_image_is_removed_with_the_boots_that_ran_it,
     a_bmc_registration_is_matched_once_by_mac_or_uuid,
     rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set,
+    a_token_name_is_taken_once_and_revoked_once_with_its_actor,
 );
 
 fn mac(i: u32) -> Mac {
@@ -1129,4 +1130,58 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
     );
     a.close().await;
     b.close().await;
+}
+
+/// Two servers creating the same token name: one wins; revoking on both: one revocation,
+/// one event; the events name who acted (the task's actor), and the hash finds the row.
+async fn a_token_name_is_taken_once_and_revoked_once_with_its_actor(db: Db) {
+    use bootfleet::api::token::Role;
+    use bootfleet::store::TokenRow;
+    let (a, b) = (db.open().await, db.open().await);
+    let row = |by: &str| TokenRow {
+        name: "ci".into(),
+        role: Role::Operator,
+        created_at_ms: 1_000,
+        created_by: by.into(),
+        revoked_at_ms: None,
+        revoked_by: None,
+    };
+    let (ra, rb) = (row("a"), row("b"));
+    let (x, y) = tokio::join!(
+        bootfleet::audit::acting_as("a".into(), a.create_token(&ra, "hash-a")),
+        bootfleet::audit::acting_as("b".into(), b.create_token(&rb, "hash-b")),
+    );
+    assert!(x.unwrap() ^ y.unwrap(), "exactly one create wins");
+    let winner = a.tokens().await.unwrap().remove(0);
+    let hash = if winner.created_by == "a" {
+        "hash-a"
+    } else {
+        "hash-b"
+    };
+    assert_eq!(b.token_by_hash(hash).await.unwrap(), Some(winner.clone()));
+    assert_eq!(b.token_by_hash("hash-z").await.unwrap(), None);
+    let (x, y) = tokio::join!(
+        a.revoke_token("ci", "a", 2_000),
+        b.revoke_token("ci", "b", 2_000)
+    );
+    let outcomes = [x.unwrap(), y.unwrap()];
+    assert!(
+        outcomes.contains(&Some(true)) && outcomes.contains(&Some(false)),
+        "{outcomes:?}"
+    );
+    assert_eq!(a.revoke_token("nobody", "a", 3_000).await.unwrap(), None);
+    let revoked = a.token_by_hash(hash).await.unwrap().unwrap();
+    assert_eq!(revoked.revoked_at_ms, Some(2_000));
+    let events = a.events_since(0, 100, None).await.unwrap();
+    let kinds: Vec<(&str, Option<&str>)> = events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.actor.as_deref()))
+        .collect();
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert_eq!(
+        kinds[0],
+        ("token.created", Some(winner.created_by.as_str()))
+    );
+    assert_eq!(kinds[1].0, "token.revoked");
+    assert!(kinds[1].1.is_none(), "revoked outside any actor's scope");
 }

@@ -43,6 +43,14 @@ pub mod kind {
     /// A node quarantined by a health rule needs hands on the hardware: the verdict with
     /// its evidence, for the ticketing system (webhooks deliver it like every event).
     pub const HEALTH_TICKET: &str = "health.ticket";
+    /// An API token was created: `{name, role}` (never its secret).
+    pub const TOKEN_CREATED: &str = "token.created";
+    /// An API token was revoked: `{name, role}`.
+    pub const TOKEN_REVOKED: &str = "token.revoked";
+    /// A node was assigned an image: `{image}` (the reference as given).
+    pub const NODE_ASSIGNED: &str = "node.assigned";
+    /// A node's labels were changed: `{labels}` (all of them, after the change).
+    pub const NODE_LABELLED: &str = "node.labelled";
     /// A rollout changed state: `rollout.` and the state (`rollout.paused`,
     /// `rollout.halted`, `rollout.finished`, ...), from `rollout_state`.
     pub fn rollout_state(state: crate::rollout::RolloutState) -> String {
@@ -64,6 +72,10 @@ pub struct Event {
     /// The node concerned; for a refused report, the node the caller claimed to be.
     pub node: Option<Mac>,
     pub data: serde_json::Value,
+    /// Who caused it: the name of the API token of the request (`admin` for the
+    /// first-start token); absent for what the server did on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
 }
 
 /// `GET /api/v1/events`: a page after a cursor.
@@ -82,6 +94,30 @@ pub struct NodeStateData {
     pub from: Option<crate::NodeState>,
     pub to: crate::NodeState,
     pub reason: String,
+}
+
+/// `data` of `token.created` and `token.revoked` events.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenEventData {
+    pub name: String,
+    pub role: crate::token::Role,
+}
+
+/// `data` of a `node.assigned` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeAssignedData {
+    /// The image reference as the admin gave it.
+    pub image: String,
+}
+
+/// `data` of a `node.labelled` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeLabelledData {
+    /// Every label the node has after the change.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// `data` of a `report.refused` event.

@@ -16,6 +16,7 @@ pub mod refs;
 pub mod rollout;
 #[cfg(feature = "openapi")]
 pub(crate) mod schema;
+pub mod token;
 
 pub use digest::{Digest, DigestError};
 pub use mac::{Mac, MacError};

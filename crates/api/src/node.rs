@@ -160,6 +160,10 @@ pub struct StateChange {
     pub to: NodeState,
     pub reason: String,
     pub at: String,
+    /// The API token whose request made the change; absent when the server (or the
+    /// node's own reports) did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
 }
 
 /// `GET /api/v1/nodes/{mac}`.

@@ -221,7 +221,7 @@ async function nodeView(view, mac) {
       el("h2", {}, "History"),
       el("table", { id: "history" }, d.history.slice().reverse().map((h) => el("tr", {},
         el("td", {}, h.at), el("td", {}, h.from || ""), el("td", {}, "→"), el("td", {}, stateBadge(h.to)),
-        el("td", {}, h.reason)))));
+        el("td", {}, h.reason), el("td", { class: "actor" }, h.actor ? `by ${h.actor}` : "")))));
   };
   await draw();
   // Live: each event about this node redraws it.

@@ -25,13 +25,14 @@ pub(crate) async fn insert_event(
         .execute(&mut *conn)
         .await?;
     sqlx::query(
-        "INSERT INTO events (seq, at_ms, kind, mac, data)
-         SELECT COALESCE(MAX(seq), 0) + 1, $1, $2, $3, $4 FROM events",
+        "INSERT INTO events (seq, at_ms, kind, mac, data, actor)
+         SELECT COALESCE(MAX(seq), 0) + 1, $1, $2, $3, $4, $5 FROM events",
     )
     .bind(at_ms)
     .bind(kind)
     .bind(mac.map(|m| m.to_string()))
     .bind(rows::event_data(data)?)
+    .bind(crate::audit::actor())
     .execute(&mut *conn)
     .await?;
     // Delivered at commit, to every server listening (and not at all on rollback).
@@ -64,7 +65,7 @@ impl EventStore for PgStore {
     ) -> Result<Vec<Event>, StoreError> {
         let rows: Vec<rows::EventRow> = match mac {
             Some(mac) => sqlx::query_as(
-                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > $1 AND mac = $2 ORDER BY seq LIMIT $3",
+                "SELECT seq, at_ms, kind, mac, data, actor FROM events WHERE seq > $1 AND mac = $2 ORDER BY seq LIMIT $3",
             )
             .bind(since)
             .bind(mac.to_string())
@@ -72,7 +73,7 @@ impl EventStore for PgStore {
             .fetch_all(&self.pool)
             .await?,
             None => sqlx::query_as(
-                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                "SELECT seq, at_ms, kind, mac, data, actor FROM events WHERE seq > $1 ORDER BY seq LIMIT $2",
             )
             .bind(since)
             .bind(limit)

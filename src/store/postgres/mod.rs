@@ -19,6 +19,7 @@ mod nodes;
 mod power;
 mod removal;
 mod rollouts;
+mod tokens;
 
 use std::time::Duration;
 

@@ -26,12 +26,13 @@ async fn insert_history(
     reason: &str,
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES ($1, $2, $3, $4, $5)")
+    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES ($1, $2, $3, $4, $5, $6)")
         .bind(mac.to_string())
         .bind(from.map(NodeState::as_str))
         .bind(to.as_str())
         .bind(reason)
         .bind(at_ms)
+        .bind(crate::audit::actor())
         .execute(&mut *conn)
         .await?;
     let data = crate::api::event::NodeStateData {
@@ -253,12 +254,26 @@ impl NodeStore for PgStore {
     }
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;
+        let mut tx = self.tx().await?;
         sqlx::query("UPDATE nodes SET assigned_ref = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3")
             .bind(reference)
             .bind(now_ms())
             .bind(mac.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        let data = crate::api::event::NodeAssignedData {
+            image: reference.to_string(),
+        };
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::NODE_ASSIGNED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
+        tx.commit().await?;
+        self.notify_events();
         written(&self.pool, mac).await
     }
     async fn label(
@@ -291,7 +306,17 @@ impl NodeStore for PgStore {
         .bind(mac.to_string())
         .execute(&mut *tx)
         .await?;
+        let data = crate::api::event::NodeLabelledData { labels };
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::NODE_LABELLED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(Some(written(&self.pool, mac).await?))
     }
     async fn set_state(
@@ -332,7 +357,7 @@ impl NodeStore for PgStore {
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> = sqlx::query_as(
-            "SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = $1 ORDER BY id",
+            "SELECT from_state, to_state, reason, at_ms, actor FROM node_history WHERE mac = $1 ORDER BY id",
         )
         .bind(mac.to_string())
         .fetch_all(&self.pool)

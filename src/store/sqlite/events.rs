@@ -18,11 +18,12 @@ pub(crate) async fn insert_event(
     data: &(impl serde::Serialize + Sync),
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO events (at_ms, kind, mac, data) VALUES (?, ?, ?, ?)")
+    sqlx::query("INSERT INTO events (at_ms, kind, mac, data, actor) VALUES (?, ?, ?, ?, ?)")
         .bind(at_ms)
         .bind(kind)
         .bind(mac.map(|m| m.to_string()))
         .bind(rows::event_data(data)?)
+        .bind(crate::audit::actor())
         .execute(conn)
         .await?;
     Ok(())
@@ -52,7 +53,7 @@ impl EventStore for SqliteStore {
     ) -> Result<Vec<Event>, StoreError> {
         let rows: Vec<rows::EventRow> = match mac {
             Some(mac) => sqlx::query_as(
-                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > ? AND mac = ? ORDER BY seq LIMIT ?",
+                "SELECT seq, at_ms, kind, mac, data, actor FROM events WHERE seq > ? AND mac = ? ORDER BY seq LIMIT ?",
             )
             .bind(since)
             .bind(mac.to_string())
@@ -60,7 +61,7 @@ impl EventStore for SqliteStore {
             .fetch_all(&self.pool)
             .await?,
             None => sqlx::query_as(
-                "SELECT seq, at_ms, kind, mac, data FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                "SELECT seq, at_ms, kind, mac, data, actor FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
             )
             .bind(since)
             .bind(limit)

@@ -13,6 +13,7 @@ mod nodes;
 mod power;
 mod removal;
 mod rollouts;
+mod tokens;
 
 use std::path::Path;
 use std::time::Duration;

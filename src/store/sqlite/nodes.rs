@@ -25,12 +25,13 @@ pub(super) async fn insert_history(
     reason: &str,
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms) VALUES (?, ?, ?, ?, ?)")
+    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES (?, ?, ?, ?, ?, ?)")
         .bind(mac.to_string())
         .bind(from.map(NodeState::as_str))
         .bind(to.as_str())
         .bind(reason)
         .bind(at_ms)
+        .bind(crate::audit::actor())
         .execute(&mut *conn)
         .await?;
     let data = crate::api::event::NodeStateData {
@@ -260,7 +261,19 @@ impl NodeStore for SqliteStore {
             .bind(mac.to_string())
             .execute(&mut *tx)
             .await?;
+        let data = crate::api::event::NodeAssignedData {
+            image: reference.to_string(),
+        };
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::NODE_ASSIGNED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
         tx.commit_touching(mac).await?;
+        self.notify_events();
         self.node_after_write(mac)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))
@@ -295,7 +308,17 @@ impl NodeStore for SqliteStore {
         .bind(mac.to_string())
         .execute(&mut *tx)
         .await?;
+        let data = crate::api::event::NodeLabelledData { labels };
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::NODE_LABELLED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
         tx.commit_touching(mac).await?;
+        self.notify_events();
         self.node_after_write(mac).await
     }
     /// Moves `mac` to `to` if it is still at `version`, with a history row; opens `boot`
@@ -344,7 +367,7 @@ impl NodeStore for SqliteStore {
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> =
-            sqlx::query_as("SELECT from_state, to_state, reason, at_ms FROM node_history WHERE mac = ? ORDER BY id")
+            sqlx::query_as("SELECT from_state, to_state, reason, at_ms, actor FROM node_history WHERE mac = ? ORDER BY id")
                 .bind(mac.to_string())
                 .fetch_all(&self.pool)
                 .await?;

@@ -1,0 +1,100 @@
+//! The console's session cookie and its CSRF token, both derived from the admin token
+//! (HMAC-SHA256), so no session is stored: every server sharing the token accepts them,
+//! and changing the token ends every session. The cookie is `<expiry ms>.<hex MAC>`; it
+//! travels HttpOnly and SameSite=Strict, and a request that changes anything must also
+//! carry the CSRF token in a header, which a cross-site form cannot set.
+
+use hmac::{Hmac, Mac as _};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use super::AdminToken;
+
+pub const COOKIE: &str = "bootfleet_session";
+pub const CSRF_HEADER: &str = "x-bootfleet-csrf";
+/// How long a login lasts.
+pub const LIFETIME_MS: i64 = 12 * 3600 * 1000;
+
+fn mac(token: &AdminToken, purpose: &str, value: &str) -> String {
+    let mut m = Hmac::<Sha256>::new_from_slice(token.secret().as_bytes())
+        .expect("HMAC takes any key length");
+    m.update(purpose.as_bytes());
+    m.update(b"\0");
+    m.update(value.as_bytes());
+    hex::encode(m.finalize().into_bytes())
+}
+
+/// A session that ends at `expires_ms`.
+pub fn issue(token: &AdminToken, expires_ms: i64) -> String {
+    format!(
+        "{expires_ms}.{}",
+        mac(token, "session", &expires_ms.to_string())
+    )
+}
+
+/// Whether `cookie` is a session this token issued and it has not expired.
+pub fn valid(token: &AdminToken, cookie: &str, now_ms: i64) -> bool {
+    let Some((expires, sig)) = cookie.split_once('.') else {
+        return false;
+    };
+    let Ok(expires_ms) = expires.parse::<i64>() else {
+        return false;
+    };
+    let want = mac(token, "session", expires);
+    expires_ms > now_ms && bool::from(want.as_bytes().ct_eq(sig.as_bytes()))
+}
+
+/// The CSRF token that goes with a session.
+pub fn csrf(token: &AdminToken, cookie: &str) -> String {
+    mac(token, "csrf", cookie)
+}
+
+pub fn csrf_matches(token: &AdminToken, cookie: &str, presented: &str) -> bool {
+    csrf(token, cookie)
+        .as_bytes()
+        .ct_eq(presented.as_bytes())
+        .into()
+}
+
+/// The session cookie's value in a `Cookie` header, if there is one.
+pub fn from_header(cookie_header: &str) -> Option<&str> {
+    cookie_header.split(';').find_map(|c| {
+        let (k, v) = c.trim().split_once('=')?;
+        (k == COOKIE).then_some(v)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_valid_until_it_expires_and_only_for_its_token() {
+        let t = AdminToken::new("a-token-of-sixteen-plus".into());
+        let s = issue(&t, 10_000);
+        assert!(valid(&t, &s, 9_999));
+        assert!(!valid(&t, &s, 10_000), "expired");
+        let other = AdminToken::new("another-token-sixteen".into());
+        assert!(!valid(&other, &s, 0), "another token's session");
+        let forged = s.replacen("10000", "99999", 1);
+        assert!(!valid(&t, &forged, 0), "a moved expiry breaks the MAC");
+        assert!(!valid(&t, "garbage", 0));
+        let csrf = csrf(&t, &s);
+        assert!(csrf_matches(&t, &s, &csrf));
+        assert!(!csrf_matches(&t, &s, "0000"));
+        assert_ne!(
+            csrf,
+            s.split_once('.').unwrap().1,
+            "the CSRF token is not the cookie"
+        );
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        assert_eq!(
+            from_header("a=1; bootfleet_session=5.ab; b=2"),
+            Some("5.ab")
+        );
+        assert_eq!(from_header("a=1"), None);
+    }
+}
