@@ -14,3 +14,34 @@ pub fn builder() -> reqwest::ClientBuilder {
     install_provider();
     reqwest::Client::builder()
 }
+
+/// The certificates of a PEM bundle as roots of trust: a private CA's, or a self-signed
+/// server's own.
+pub fn ca_roots(pem: &str) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let cert = cert.map_err(|e| format!("the CA file is not PEM: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("the CA file holds a certificate rustls refuses: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("the CA file holds no certificate".into());
+    }
+    Ok(roots)
+}
+
+/// A client builder that trusts only the CAs in `pem` (and not the system's roots).
+pub fn trusting(pem: &str) -> Result<reqwest::ClientBuilder, String> {
+    install_provider();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(ca_roots(pem)?)
+    .with_no_client_auth();
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(config))
+}

@@ -34,6 +34,8 @@ pub struct Server {
     pub agent_grace_secs: u64,
     /// The rollout controller, run under the `rollouts` role.
     pub rollouts: crate::rollout::run::Controller,
+    /// The HTTPS certificate, when `[http] tls_cert_file` is set.
+    pub tls: Option<std::sync::Arc<crate::http::tls::Certificates>>,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -44,6 +46,18 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let blobs = BlobStore::open(data_dir)
         .with_context(|| format!("cannot open blob store in {}", data_dir.display()))?;
+    let tls = match cfg.http.tls_files().map_err(anyhow::Error::msg)? {
+        Some(_) if cfg.admin_listen.is_none() && cfg.http.tls_listen.is_none() => {
+            anyhow::bail!(
+                "[http] tls_cert_file is set but nothing speaks HTTPS: set tls_listen or admin_listen"
+            )
+        }
+        Some((cert, key)) => Some(
+            crate::http::tls::Certificates::open(cert.into(), key.into())
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
     let store_url = cfg.store.url(data_dir)?;
     let store = crate::store::open(
         &store_url,
@@ -172,14 +186,18 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         rollouts: controller,
         http_settings: cfg.http.clone(),
         retention: cfg.events.clone(),
+        tls,
     })
 }
 
-/// The bound HTTP listeners: the boot routes, and the admin API's own when it has one.
+/// The bound HTTP listeners: the boot routes, the admin API's own when it has one, and
+/// HTTPS for every route when configured.
 pub struct Listeners {
     pub boot: TcpListener,
-    /// None: the admin API is served with the boot routes.
+    /// None: the admin API is served with the boot routes (unless HTTPS is configured).
     pub admin: Option<TcpListener>,
+    /// `[http] tls_listen`: every route, over HTTPS.
+    pub tls: Option<TcpListener>,
 }
 
 /// Serves every route on an already-bound listener (see `run_on`).
@@ -191,6 +209,7 @@ pub async fn run(
     let listeners = Listeners {
         boot: listener,
         admin: None,
+        tls: None,
     };
     run_on(listeners, server, shutdown).await
 }
@@ -288,21 +307,14 @@ pub async fn run_on(
         stopping.cancel();
         stop.cancel();
     });
-    let settings = &server.http_settings;
-    match listeners.admin {
-        None => {
-            let app = router(state.clone());
-            crate::http::serve::serve(listeners.boot, app, settings, http_shutdown).await;
-        }
-        Some(admin) => {
-            let boot = crate::http::boot_router(state.clone());
-            let admin_app = crate::http::admin_router(state.clone());
-            tokio::join!(
-                crate::http::serve::serve(listeners.boot, boot, settings, http_shutdown.clone()),
-                crate::http::serve::serve(admin, admin_app, settings, http_shutdown),
-            );
-        }
-    }
+    serve_listeners(
+        listeners,
+        &state,
+        &server.http_settings,
+        server.tls.as_ref(),
+        http_shutdown,
+    )
+    .await?;
     state.tasks.close();
     // Heartbeats answered while HTTP drained.
     if let Err(e) = crate::store::own_task(state.nodes.liveness.flush(&server.store)).await {
@@ -318,6 +330,62 @@ pub async fn run_on(
     }
     server.store.close().await;
     tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+/// Serves each listener its routes until `shutdown`. Without HTTPS: every route on the
+/// boot listener, or the admin API apart on its own. With HTTPS: the plain listener keeps
+/// only what nodes need, and the admin API is reached over TLS alone.
+async fn serve_listeners(
+    listeners: Listeners,
+    state: &AppState,
+    settings: &crate::http::serve::HttpSettings,
+    certs: Option<&std::sync::Arc<crate::http::tls::Certificates>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    use crate::http::serve::serve;
+    let tls = match certs {
+        Some(certs) => {
+            tokio::spawn(certs.clone().watch(shutdown.clone()));
+            Some(certs.server_config().map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
+    let boot_app = if tls.is_none() && listeners.admin.is_none() {
+        router(state.clone())
+    } else {
+        crate::http::boot_router(state.clone())
+    };
+    let admin = listeners.admin.map(|admin| {
+        serve(
+            admin,
+            crate::http::admin_router(state.clone()),
+            settings,
+            tls.clone(),
+            shutdown.clone(),
+        )
+    });
+    let https = match (listeners.tls, &tls) {
+        (Some(l), Some(config)) => Some(serve(
+            l,
+            router(state.clone()),
+            settings,
+            Some(config.clone()),
+            shutdown.clone(),
+        )),
+        (Some(_), None) => anyhow::bail!("an HTTPS listener without [http] tls_cert_file"),
+        (None, _) => None,
+    };
+    let optional = |f: Option<_>| async move {
+        if let Some(f) = f {
+            f.await
+        }
+    };
+    tokio::join!(
+        serve(listeners.boot, boot_app, settings, None, shutdown.clone()),
+        optional(admin),
+        optional(https),
+    );
     Ok(())
 }
 

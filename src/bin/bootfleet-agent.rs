@@ -36,6 +36,10 @@ struct Args {
     /// This node's MAC [default: bootfleet.mac=].
     #[arg(long)]
     mac: Option<String>,
+    /// PEM file of the CA that signed the server's certificate, for an https:// server
+    /// (an initramfs has no system roots, so no other is trusted).
+    #[arg(long, env = "BOOTFLEET_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Root of the /proc, /sys, /etc and /dev/kmsg to read.
     #[arg(long, default_value = "/")]
     root: PathBuf,
@@ -110,6 +114,13 @@ fn main() -> ExitCode {
     let Some(server) = args.server.or(p.server) else {
         return missing("server");
     };
+    let trusted = match trusted_cas(args.ca_file.as_deref()) {
+        Ok(certs) => certs,
+        Err(why) => {
+            eprintln!("bootfleet-agent: {why}");
+            return ExitCode::from(2);
+        }
+    };
     let Some(boot) = args.boot.or(p.boot) else {
         return missing("boot");
     };
@@ -132,10 +143,9 @@ fn main() -> ExitCode {
             // reqwest is built with rustls and no provider of its own (see the server's
             // http_client); the agent installs the same one. An initramfs has no system
             // CA store, and the platform verifier refuses to build without one: the agent
-            // speaks plain HTTP to the server that booted it (the boot token is its
-            // credential), so it trusts no root at all.
+            // trusts the CA it is given (--ca-file) for an https:// server, else none.
             let _ = rustls::crypto::ring::default_provider().install_default();
-            reqwest::Client::builder().tls_certs_only(Vec::new())
+            reqwest::Client::builder().tls_certs_only(trusted.clone())
         }
         .timeout(Duration::from_secs(30))
         .build()
@@ -160,7 +170,7 @@ fn main() -> ExitCode {
         .expect("runtime builds");
     match stage {
         Some(StageOne::Stage1 { dir, cache }) => {
-            return runtime.block_on(stage1(&agent, root_blob, &dir, cache.as_deref()));
+            return runtime.block_on(stage1(&agent, root_blob, &dir, cache.as_deref(), trusted));
         }
         Some(StageOne::Stage1Overlay { into }) => return runtime.block_on(overlay(&agent, &into)),
         Some(StageOne::Stage1Fail { reason }) => {
@@ -197,12 +207,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// The CA certificates in `path`, if given.
+fn trusted_cas(path: Option<&std::path::Path>) -> Result<Vec<reqwest::Certificate>, String> {
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("cannot read --ca-file {}: {e}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| format!("--ca-file {}: not a PEM bundle: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("--ca-file {} holds no certificate", path.display()));
+    }
+    Ok(certs)
+}
+
 /// `stage1`: the root fetched, verified and under dm-verity; its device on stdout.
 async fn stage1(
     agent: &Agent,
     blob: Result<bootfleet_agent::stage1::root::RootBlob, String>,
     dir: &std::path::Path,
     cache: Option<&std::path::Path>,
+    trusted: Vec<reqwest::Certificate>,
 ) -> ExitCode {
     use bootfleet_agent::stage1::root;
     let outcome = async {
@@ -210,7 +236,7 @@ async fn stage1(
         // No overall timeout: a root of several GiB takes minutes; stalls are caught by
         // the fetch's own stall timeout.
         let client = reqwest::Client::builder()
-            .tls_certs_only(Vec::new())
+            .tls_certs_only(trusted)
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?;

@@ -23,6 +23,9 @@ pub struct Target {
     pub server: String,
     pub token: Option<String>,
     pub token_source: String,
+    /// PEM file of the CA that signed the server's HTTPS certificate (else the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Target {
@@ -31,19 +34,28 @@ impl Target {
         token: Option<String>,
         data_dir: Option<PathBuf>,
         config: Option<&Path>,
+        ca_file: Option<PathBuf>,
     ) -> anyhow::Result<Self> {
         let file = match config {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
         };
+        // With HTTPS configured the admin API is reached over it alone.
+        let https = file.http.tls_cert_file.is_some();
+        let admin_at = if https {
+            file.admin_listen.or(file.http.tls_listen)
+        } else {
+            file.admin_listen.or(file.listen)
+        };
         let server = server
-            .or_else(|| file.admin_listen.or(file.listen).map(url_of))
+            .or_else(|| admin_at.map(|a| url_of(a, https)))
             .unwrap_or_else(|| DEFAULT_SERVER_URL.to_string());
         if let Some(token) = token {
             return Ok(Self {
                 server,
                 token: Some(token),
                 token_source: "--token or BOOTFLEET_TOKEN".into(),
+                ca_file,
             });
         }
         let path = match file.admin_token_file {
@@ -61,19 +73,21 @@ impl Target {
             server,
             token,
             token_source,
+            ca_file,
         })
     }
 }
 
 /// Where a server listening on `addr` is reached from this machine.
-fn url_of(addr: std::net::SocketAddr) -> String {
+fn url_of(addr: std::net::SocketAddr, https: bool) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
         std::net::IpAddr::V6(ip) if ip.is_unspecified() => "[::1]".to_string(),
         std::net::IpAddr::V6(ip) => format!("[{ip}]"),
         ip => ip.to_string(),
     };
-    format!("http://{ip}:{}", addr.port())
+    let scheme = if https { "https" } else { "http" };
+    format!("{scheme}://{ip}:{}", addr.port())
 }
 
 impl Client {
@@ -86,12 +100,21 @@ impl Client {
         let base = target.server.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(UsageError(format!(
-                "--server must be an http:// URL, got {:?}",
+                "--server must be an http:// or https:// URL, got {:?}",
                 target.server
             ))
             .into());
         }
-        let http = crate::http_client::builder()
+        let builder = match &target.ca_file {
+            Some(path) => {
+                let pem = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --ca-file {}", path.display()))?;
+                crate::http_client::trusting(&pem)
+                    .map_err(|e| UsageError(format!("--ca-file {}: {e}", path.display())))?
+            }
+            None => crate::http_client::builder(),
+        };
+        let http = builder
             .user_agent(concat!("bootfleet-cli/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {

@@ -51,6 +51,10 @@ pub struct Cli {
     /// address, data directory and admin_token_file from it.
     #[arg(long, global = true, env = "BOOTFLEET_CONFIG")]
     pub config: Option<PathBuf>,
+    /// PEM file of the CA that signed the server's HTTPS certificate, for an https://
+    /// --server [default: the system's roots].
+    #[arg(long, global = true, env = "BOOTFLEET_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Output format of admin commands.
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -93,7 +97,7 @@ pub enum Command {
 }
 
 /// Globals only the admin commands read: hidden from `serve --help`, which ignores them.
-const ADMIN_ONLY_GLOBALS: [&str; 3] = ["server", "token", "output"];
+const ADMIN_ONLY_GLOBALS: [&str; 4] = ["server", "token", "ca_file", "output"];
 
 /// The command line definition for help: the derive's, with the admin-only globals
 /// hidden under `serve` (clap propagates globals to every subcommand; `build` does that
@@ -158,8 +162,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Man { dir } => return docs::man_pages(&dir),
         _ => {}
     }
-    let target =
-        client::Target::resolve(cli.server, cli.token, cli.data_dir, cli.config.as_deref())?;
+    let target = client::Target::resolve(
+        cli.server,
+        cli.token,
+        cli.data_dir,
+        cli.config.as_deref(),
+        cli.ca_file,
+    )?;
     let client = client::Client::new(target)?;
     match cli.command {
         Command::Serve(_)

@@ -87,6 +87,12 @@ pub async fn run(
         ),
         None => None,
     };
+    let tls = match cfg.http.tls_listen {
+        Some(a) => Some(
+            crate::server::listen(a).with_context(|| format!("cannot listen on {a} (HTTPS)"))?,
+        ),
+        None => None,
+    };
     let state = crate::server::open_state(&cfg).await?;
     let addr = listener.local_addr()?;
     // Handlers first: a SIGTERM that arrives once we say we listen must shut down cleanly.
@@ -102,11 +108,16 @@ pub async fn run(
         let admin_addr = admin.local_addr()?;
         tracing::info!(%admin_addr, "admin API listening on {admin_addr} only");
     }
+    if let Some(tls) = &tls {
+        let tls_addr = tls.local_addr()?;
+        tracing::info!(%tls_addr, "HTTPS listening on {tls_addr}");
+    }
     let tftp = crate::server::start_tftp(&cfg, &state, shutdown.clone()).await?;
     let dhcp = crate::server::start_dhcp(&cfg, &state, shutdown.clone()).await?;
     let listeners = crate::server::Listeners {
         boot: listener,
         admin,
+        tls,
     };
     let http = crate::server::run_on(listeners, state, shutdown.clone()).await;
     shutdown.cancel();

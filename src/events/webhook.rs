@@ -33,16 +33,22 @@ const POLL: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `http://` only: this build has no TLS client. Signatures still protect integrity.
+    /// `https://` (or `http://`, where the signature alone protects the events).
     pub url: String,
     /// A file holding the shared secret (one line; surrounding whitespace is ignored).
     pub secret_file: PathBuf,
+    /// PEM file of the CA that signed the receiver's certificate, for an `https://` url
+    /// [default: the system's roots].
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    #[error("webhook url {0:?} must be http://host[:port]/path (this build has no TLS client)")]
+    #[error("webhook url {0:?} must be https://host[:port]/path or http://host[:port]/path")]
     Url(String),
+    #[error("webhook ca_file {path}: {reason}")]
+    Ca { path: PathBuf, reason: String },
     #[error("webhook secret file {path}: {reason}")]
     Secret { path: PathBuf, reason: String },
 }
@@ -52,12 +58,14 @@ pub enum WebhookError {
 pub struct Webhook {
     pub url: String,
     secret: Vec<u8>,
+    /// The CA certificates to trust (PEM), when `ca_file` is set.
+    ca: Option<String>,
 }
 
 impl Webhook {
     pub fn load(cfg: &WebhookConfig) -> Result<Self, WebhookError> {
         let url = reqwest::Url::parse(&cfg.url).map_err(|_| WebhookError::Url(cfg.url.clone()))?;
-        if url.scheme() != "http" || url.host().is_none() {
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(WebhookError::Url(cfg.url.clone()));
         }
         let secret_err = |reason: String| WebhookError::Secret {
@@ -74,10 +82,34 @@ impl Webhook {
                 "the secret must be at least 16 characters".into(),
             ));
         }
+        let ca = match &cfg.ca_file {
+            Some(path) => {
+                let ca_err = |reason: String| WebhookError::Ca {
+                    path: path.clone(),
+                    reason,
+                };
+                let pem = std::fs::read_to_string(path).map_err(|e| ca_err(e.to_string()))?;
+                crate::http_client::ca_roots(&pem).map_err(ca_err)?;
+                Some(pem)
+            }
+            None => None,
+        };
         Ok(Self {
             url: cfg.url.clone(),
             secret,
+            ca,
         })
+    }
+
+    fn client(&self) -> reqwest::Client {
+        let builder = match &self.ca {
+            Some(pem) => crate::http_client::trusting(pem).expect("checked at load"),
+            None => crate::http_client::builder(),
+        };
+        builder
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .expect("HTTP client builds")
     }
 }
 
@@ -123,10 +155,7 @@ pub async fn run(
     mut leading: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
-    let client = crate::http_client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .expect("HTTP client builds");
+    let client = hook.client();
     let mut wake = store.subscribe_events();
     let mut retry = FIRST_RETRY;
     loop {
@@ -247,17 +276,19 @@ mod tests {
     }
 
     #[test]
-    fn only_http_urls_and_real_secrets_are_accepted() {
+    fn only_http_and_https_urls_and_real_secrets_are_accepted() {
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("s");
         std::fs::write(&secret, "  a-long-enough-secret\n").unwrap();
         let cfg = |url: &str| WebhookConfig {
             url: url.into(),
             secret_file: secret.clone(),
+            ca_file: None,
         };
         let hook = Webhook::load(&cfg("http://127.0.0.1:9/hook")).unwrap();
         assert_eq!(hook.secret, b"a-long-enough-secret");
-        for bad in ["https://x/hook", "ftp://x", "not a url", "http://"] {
+        assert!(Webhook::load(&cfg("https://x/hook")).is_ok());
+        for bad in ["ftp://x", "not a url", "http://"] {
             assert!(
                 matches!(Webhook::load(&cfg(bad)), Err(WebhookError::Url(_))),
                 "{bad}"

@@ -17,6 +17,7 @@ mod power;
 pub mod range;
 mod rollouts;
 pub mod serve;
+pub mod tls;
 mod tokens;
 mod ui;
 
@@ -128,7 +129,7 @@ pub fn boot_router(state: AppState) -> Router {
             "/api/v1/{*rest}",
             axum::routing::any(|| async {
                 ApiError::NotFound(
-                    "the admin API is not served on this address (the server sets admin_listen)"
+                    "the admin API is not served on this address (the server sets admin_listen, or serves it over HTTPS at [http] tls_listen)"
                         .into(),
                 )
             }),

@@ -36,6 +36,16 @@ pub struct HttpSettings {
     pub write_timeout_secs: u64,
     /// On shutdown, requests and publishes in flight get this long to finish [default: 30].
     pub shutdown_grace_secs: u64,
+    /// HTTPS: the certificate chain (PEM, the server's first), reloaded on SIGHUP or
+    /// when it changes. With it, `tls_listen` serves every route over HTTPS,
+    /// `admin_listen` speaks HTTPS, and the plain `listen` keeps only what nodes' firmware
+    /// needs (scripts, blobs, the agent's calls), so no admin token crosses in clear.
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// Serve every route over HTTPS on this address (the API, the console, blobs and
+    /// scripts for firmware that speaks TLS).
+    pub tls_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for HttpSettings {
@@ -46,6 +56,9 @@ impl Default for HttpSettings {
             body_timeout_secs: 60,
             write_timeout_secs: 60,
             shutdown_grace_secs: 30,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_listen: None,
         }
     }
 }
@@ -61,6 +74,16 @@ const RESERVED_FDS: u64 = 512;
 impl HttpSettings {
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s.max(1))
+    }
+
+    /// The certificate and key, when HTTPS is configured; an error names what is missing.
+    pub fn tls_files(&self) -> Result<Option<(&std::path::Path, &std::path::Path)>, String> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(c), Some(k)) => Ok(Some((c, k))),
+            (None, None) if self.tls_listen.is_none() => Ok(None),
+            (None, None) => Err("[http] tls_listen needs tls_cert_file and tls_key_file".into()),
+            _ => Err("[http] tls_cert_file and tls_key_file go together".into()),
+        }
     }
 
     pub fn shutdown_grace(&self) -> Duration {
@@ -94,14 +117,18 @@ impl HttpSettings {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` is cancelled, then gives open connections
-/// `shutdown_grace` to finish their requests and closes the rest.
+/// Serves `app` on `listener` (over TLS when `tls` is given) until `shutdown` is
+/// cancelled, then gives open connections `shutdown_grace` to finish their requests and
+/// closes the rest.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     settings: &HttpSettings,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: CancellationToken,
 ) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    let handshake_timeout = HttpSettings::secs(settings.header_timeout_secs);
     let permits = Arc::new(Semaphore::new(settings.connection_cap()));
     let write_timeout = HttpSettings::secs(settings.write_timeout_secs);
     let app = app.layer(RequestBodyTimeoutLayer::new(HttpSettings::secs(
@@ -135,13 +162,40 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
         io.set_write_timeout(Some(write_timeout));
-        let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
-        let conn =
-            builder.serve_connection(TokioIo::new(Box::pin(io)), TowerToHyperService::new(app));
-        let conn = graceful.watch(conn);
+        let app = TowerToHyperService::new(tower_http::add_extension::AddExtension::new(
+            app.clone(),
+            Peer(peer),
+        ));
+        let watcher = graceful.watcher();
+        let builder = builder.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            let io = Box::pin(io);
             // Timeouts and resets end here; they are the client's, not ours to log loudly.
-            if let Err(e) = conn.await {
+            let ended = match tls {
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(io), app);
+                    watcher.watch(conn).await
+                }
+                Some(tls) => {
+                    // The handshake gets as long as a request's headers would.
+                    match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
+                        Ok(Ok(stream)) => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), app);
+                            watcher.watch(conn).await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use sha2::{Digest as _, Sha256};
 
@@ -47,19 +46,9 @@ pub fn client_config(trust: &Trust) -> Result<Option<rustls::ClientConfig>, Stri
         .map_err(|e| e.to_string())?;
     let config = match trust {
         Trust::SystemRoots => return Ok(None),
-        Trust::Ca(pem) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|e| format!("the CA file is not PEM: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("the CA file holds a certificate rustls refuses: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err("the CA file holds no certificate".into());
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
+        Trust::Ca(pem) => builder
+            .with_root_certificates(crate::http_client::ca_roots(pem)?)
+            .with_no_client_auth(),
         Trust::Fingerprint(pin) => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {

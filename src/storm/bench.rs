@@ -205,6 +205,7 @@ fn admin_token(
         token,
         data_dir.map(std::path::Path::to_path_buf),
         None,
+        None,
     )?;
     let client = crate::cli::client::Client::new(target)?;
     client

@@ -13,9 +13,15 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The admin API's own listener, when the settings give it one (`admin_listen`).
     pub admin_addr: Option<SocketAddr>,
+    /// The HTTPS listener, when the settings give one (`[http] tls_listen`).
+    pub tls_addr: Option<SocketAddr>,
     pub token: String,
     pub data: tempfile::TempDir,
     pub http: reqwest::Client,
+    /// Where the admin helpers (`get`, `post`, `put`, `json`...) send, and with which
+    /// client: the plain listener, or HTTPS after `use_https`.
+    admin_base: String,
+    admin_http: reqwest::Client,
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -56,9 +62,15 @@ impl TestServer {
             .admin_listen
             .map(|a| bootfleet::server::listen(a).unwrap());
         let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
+        let tls = cfg
+            .http
+            .tls_listen
+            .map(|a| bootfleet::server::listen(a).unwrap());
+        let tls_addr = tls.as_ref().map(|l| l.local_addr().unwrap());
         let listeners = bootfleet::server::Listeners {
             boot: listener,
             admin,
+            tls,
         };
         let task = tokio::spawn(bootfleet::server::run_on(
             listeners,
@@ -68,9 +80,12 @@ impl TestServer {
         Self {
             addr,
             admin_addr,
+            tls_addr,
             token,
             data,
             http: bootfleet::http_client::builder().build().unwrap(),
+            admin_base: format!("http://{addr}"),
+            admin_http: bootfleet::http_client::builder().build().unwrap(),
             shutdown,
             task: Some(task),
         }
@@ -80,8 +95,21 @@ impl TestServer {
         format!("http://{}{path}", self.addr)
     }
 
+    /// Sends the admin helpers over HTTPS (`[http] tls_listen`) with `client`, which
+    /// trusts the test's CA: the plain listener no longer serves the admin API.
+    pub fn use_https(&mut self, client: reqwest::Client) {
+        self.admin_base = format!("https://{}", self.tls_addr.expect("an HTTPS listener"));
+        self.admin_http = client;
+    }
+
+    fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin_base)
+    }
+
     pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.get(self.url(path)).bearer_auth(&self.token)
+        self.admin_http
+            .get(self.admin_url(path))
+            .bearer_auth(&self.token)
     }
 
     /// GETs an admin path; asserts 200 and returns the body as text (`/metrics`).
@@ -102,11 +130,15 @@ impl TestServer {
     }
 
     pub fn post(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.post(self.url(path)).bearer_auth(&self.token)
+        self.admin_http
+            .post(self.admin_url(path))
+            .bearer_auth(&self.token)
     }
 
     pub fn put(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.put(self.url(path)).bearer_auth(&self.token)
+        self.admin_http
+            .put(self.admin_url(path))
+            .bearer_auth(&self.token)
     }
 
     /// Publishes `bundle`; returns status and JSON body.

@@ -675,6 +675,7 @@ async fn webhooks_get_every_event_in_order_signed_and_retried() {
         cfg.webhooks = vec![bootfleet::events::webhook::WebhookConfig {
             url: hook_url.clone(),
             secret_file: secret_file.clone(),
+            ca_file: None,
         }];
     })
     .await;

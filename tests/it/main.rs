@@ -34,6 +34,7 @@ mod store;
 mod storm;
 mod tftp;
 mod tidy;
+mod tls;
 mod tokens;
 mod two_stage;
 mod ui;

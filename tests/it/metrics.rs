@@ -284,6 +284,7 @@ async fn prometheus_scrapes_a_booted_fleet_and_promql_counts_it() {
         cfg.webhooks = vec![bootfleet::events::webhook::WebhookConfig {
             url: format!("http://127.0.0.1:{silent}/hook/s3cret-path"),
             secret_file,
+            ca_file: None,
         }];
     })
     .await;

@@ -162,6 +162,7 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
         cfg.webhooks = vec![bootfleet::events::webhook::WebhookConfig {
             url: hook_url.clone(),
             secret_file: secret_file.clone(),
+            ca_file: None,
         }];
     })
     .await;
@@ -169,16 +170,16 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
         .publish_query(good_bundle("demo", "1", b"k1"), "?tag=demo:stable")
         .await;
     assert_eq!(status, 201);
-    // Each new node is one event (its discovery).
+    // Each new node is two events (its discovery, its assignment).
     for i in 1..=5 {
         servers[i as usize % 3]
             .assign(&mac(2, i), "demo:stable")
             .await;
     }
-    let got = received(&hooks, 5).await;
+    let got = received(&hooks, 10).await;
     assert_eq!(
         got,
-        vec![1, 2, 3, 4, 5],
+        (1..=10).collect::<Vec<_>>(),
         "each event once, in order, from one sender"
     );
     // Stop every server but the last, whoever was sending: the last takes over.
@@ -189,8 +190,8 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
     for i in 6..=8 {
         last.assign(&mac(2, i), "demo:stable").await;
     }
-    let got = received(&hooks, 8).await;
-    assert_eq!(got, (1..=8).collect::<Vec<_>>());
+    let got = received(&hooks, 16).await;
+    assert_eq!(got, (1..=16).collect::<Vec<_>>());
     last.stop().await;
 }
 
