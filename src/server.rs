@@ -163,7 +163,10 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
             store.clone(),
             token.clone(),
         )),
-        auth_failures: Default::default(),
+        auth_failures: std::sync::Arc::new(crate::auth::limiter::FailureLimiter::new(
+            cfg.http.auth_failures_per_minute,
+            crate::auth::limiter::WINDOW,
+        )),
         token,
         tasks: TaskTracker::new(),
         nodes: std::sync::Arc::new(nodes),
@@ -356,6 +359,12 @@ async fn serve_listeners(
     } else {
         crate::http::boot_router(state.clone())
     };
+    // With an admin listener of its own, the admin API stays there, over TLS too.
+    let https_app = if listeners.admin.is_some() {
+        crate::http::boot_router(state.clone())
+    } else {
+        router(state.clone())
+    };
     let admin = listeners.admin.map(|admin| {
         serve(
             admin,
@@ -368,7 +377,7 @@ async fn serve_listeners(
     let https = match (listeners.tls, &tls) {
         (Some(l), Some(config)) => Some(serve(
             l,
-            router(state.clone()),
+            https_app,
             settings,
             Some(config.clone()),
             shutdown.clone(),

@@ -1,7 +1,8 @@
 //! Failed authentications limited per source: after `max` failures within a window, a
-//! source's requests that carry credentials are refused (429, Retry-After) until the
-//! window ends, so a token cannot be guessed at the speed of the network. IPv6 sources
-//! count by /64, the block one host is usually given.
+//! source's admin requests (the API, the console's login, the scrape) are refused (429,
+//! Retry-After) until the window ends, so a token cannot be guessed at the speed of the
+//! network. IPv6 sources count by /64, the block one host is usually given. A site whose
+//! operators share an address (NAT, a bastion) raises `[http] auth_failures_per_minute`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;

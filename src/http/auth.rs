@@ -37,23 +37,12 @@ pub async fn authorize(
         .extensions()
         .get::<super::serve::Peer>()
         .map(|p| p.0.ip());
-    if let Some(ip) = source
-        && let Err(wait) = state.auth_failures.check(ip, Instant::now())
-    {
-        state.metrics.auth_failed(crate::metrics::AUTH_RATE_LIMITED);
-        return Err(ApiError::TooManyFailures(wait.as_secs().max(1)));
-    }
-    let failed = |reason: &'static str| {
-        state.metrics.auth_failed(reason);
-        if let Some(ip) = source {
-            state.auth_failures.failed(ip, Instant::now());
-        }
-    };
+    not_limited(&state, source)?;
     let caller = match bearer(request.headers()) {
         Some(token) => match state.tokens.authenticate(token).await {
             Ok(Ok(caller)) => caller,
             Ok(Err(refusal)) => {
-                failed(refusal.as_str());
+                failed(&state, source, refusal.as_str());
                 return Err(ApiError::Forbidden);
             }
             Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
@@ -62,7 +51,7 @@ pub async fn authorize(
             Ok(()) => Caller::admin(),
             Err(e) => {
                 if e.is_forbidden() {
-                    failed(crate::metrics::AUTH_SESSION);
+                    failed(&state, source, crate::metrics::AUTH_SESSION);
                 }
                 return Err(e);
             }
@@ -85,6 +74,31 @@ pub async fn authorize(
     let name = caller.name.clone();
     request.extensions_mut().insert(caller);
     Ok(crate::audit::acting_as(name, next.run(request)).await)
+}
+
+/// Refuses a source that has failed too often of late (429 with when to come back).
+/// Past the limit even good credentials wait: the limiter cannot tell a guess that
+/// succeeded from a user's token.
+pub fn not_limited(state: &AppState, source: Option<std::net::IpAddr>) -> Result<(), ApiError> {
+    if let Some(ip) = source
+        && let Err(wait) = state.auth_failures.check(ip, Instant::now())
+    {
+        state.metrics.auth_failed(crate::metrics::AUTH_RATE_LIMITED);
+        return Err(ApiError::TooManyFailures(wait.as_secs().max(1)));
+    }
+    Ok(())
+}
+
+/// Counts a refused credential from `source`. A revoked token is counted in the metrics
+/// but not against its source: it was a real token (a job not yet told), not a guess.
+pub fn failed(state: &AppState, source: Option<std::net::IpAddr>, reason: &'static str) {
+    state.metrics.auth_failed(reason);
+    if reason == crate::metrics::AUTH_REVOKED {
+        return;
+    }
+    if let Some(ip) = source {
+        state.auth_failures.failed(ip, Instant::now());
+    }
 }
 
 /// A request from the console: a valid session cookie; a write also needs the session's

@@ -9,11 +9,18 @@ use super::AppState;
 use super::auth::bearer;
 use super::error::ApiError;
 
-/// The scrape-only token, the admin token or a named one.
-async fn allowed(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// The scrape-only token, the admin token or a named one; failures count against the
+/// source like the API's.
+async fn allowed(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<axum::Extension<super::serve::Peer>>,
+) -> Result<(), ApiError> {
     let Some(token) = bearer(headers) else {
         return Err(ApiError::Unauthorized);
     };
+    let source = peer.map(|axum::Extension(p)| p.0.ip());
+    super::auth::not_limited(state, source)?;
     if state
         .scrape
         .token
@@ -25,7 +32,7 @@ async fn allowed(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     match state.tokens.authenticate(token).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(refusal)) => {
-            state.metrics.auth_failed(refusal.as_str());
+            super::auth::failed(state, source, refusal.as_str());
             Err(ApiError::Forbidden)
         }
         Err(e) => Err(crate::registry::RegistryError::from(e).into()),
@@ -45,8 +52,9 @@ fn text(body: String) -> Response {
 pub async fn scrape(
     State(state): State<AppState>,
     headers: HeaderMap,
+    peer: Option<axum::Extension<super::serve::Peer>>,
 ) -> Result<Response, ApiError> {
-    allowed(&state, &headers).await?;
+    allowed(&state, &headers, peer).await?;
     let census = crate::metrics::census::gather(&state.registry.store, &state.scrape)
         .await
         .map_err(|e| ApiError::from(crate::registry::RegistryError::from(e)))?;
@@ -66,8 +74,12 @@ pub async fn scrape(
     security(("admin" = []), ("scrape" = [])),
     responses((status = 200, description = "Each GPU's newest heartbeat readings, Prometheus text format 0.0.4", content_type = "text/plain", body = String))
 )]
-pub async fn gpus(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    allowed(&state, &headers).await?;
+pub async fn gpus(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    peer: Option<axum::Extension<super::serve::Peer>>,
+) -> Result<Response, ApiError> {
+    allowed(&state, &headers, peer).await?;
     let snapshot = state.metrics.gpus().snapshot(crate::clock::now_ms());
     // Tens of milliseconds for a large fleet: off the async workers.
     let body = tokio::task::spawn_blocking(move || crate::metrics::gpus::encode(snapshot))

@@ -15,10 +15,17 @@ use crate::node::boot_guard::Refusal;
 use crate::node::service::BootError;
 use crate::node::service::admin::AdminError;
 
-/// The URL nodes reach us by: the one this request came to.
-fn server_url(headers: &HeaderMap, state: &AppState) -> String {
+/// The URL nodes reach us by: the one this request came to, over TLS if it came so.
+fn server_url(
+    headers: &HeaderMap,
+    tls: Option<Extension<super::serve::OverTls>>,
+    state: &AppState,
+) -> String {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     match headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
-        Some(host) if !host.is_empty() && !host.contains(['/', ' ']) => format!("http://{host}"),
+        Some(host) if !host.is_empty() && !host.contains(['/', ' ']) => {
+            format!("{scheme}://{host}")
+        }
         _ => state.fallback_url.clone(),
     }
 }
@@ -46,11 +53,12 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 pub async fn entry(
     State(state): State<AppState>,
     headers: HeaderMap,
+    tls: Option<Extension<super::serve::OverTls>>,
 ) -> Result<Response, ApiError> {
     Ok(script(
         state
             .nodes
-            .entry(&server_url(&headers, &state))
+            .entry(&server_url(&headers, tls, &state))
             .map_err(internal)?,
     ))
 }
@@ -73,6 +81,7 @@ pub async fn node_script(
     State(state): State<AppState>,
     headers: HeaderMap,
     peer: Option<Extension<super::serve::Peer>>,
+    tls: Option<Extension<super::serve::OverTls>>,
     Query(q): Query<ScriptQuery>,
 ) -> Result<Response, ApiError> {
     let mac: Mac = q
@@ -90,7 +99,12 @@ pub async fn node_script(
     let from = peer.map(|Extension(p)| p.0.ip());
     match state
         .nodes
-        .node_script(&server_url(&headers, &state), &mac, uuid.as_deref(), from)
+        .node_script(
+            &server_url(&headers, tls, &state),
+            &mac,
+            uuid.as_deref(),
+            from,
+        )
         .await
     {
         Ok(text) => Ok(script(text)),

@@ -43,9 +43,12 @@ pub struct HttpSettings {
     pub tls_cert_file: Option<std::path::PathBuf>,
     /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key_file: Option<std::path::PathBuf>,
-    /// Serve every route over HTTPS on this address (the API, the console, blobs and
-    /// scripts for firmware that speaks TLS).
+    /// Serve over HTTPS on this address: every route, or with `admin_listen` set the
+    /// boot routes only (scripts and blobs for firmware that speaks TLS).
     pub tls_listen: Option<std::net::SocketAddr>,
+    /// Failed authentications a source (an address; an IPv6 /64) may make in a minute
+    /// before its admin requests are refused until the minute ends [default: 20].
+    pub auth_failures_per_minute: u32,
 }
 
 impl Default for HttpSettings {
@@ -59,6 +62,7 @@ impl Default for HttpSettings {
             tls_cert_file: None,
             tls_key_file: None,
             tls_listen: None,
+            auth_failures_per_minute: crate::auth::limiter::MAX_FAILURES,
         }
     }
 }
@@ -66,6 +70,11 @@ impl Default for HttpSettings {
 /// The address a request's connection came from, in each request's extensions.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub std::net::SocketAddr);
+
+/// In a request's extensions when its connection is TLS: the URLs it is answered with
+/// say `https`, and the console's cookie is marked Secure.
+#[derive(Debug, Clone, Copy)]
+pub struct OverTls;
 
 /// File descriptors kept back from connections: the database pool, blob files being
 /// served, TFTP and DHCP sockets, object-store requests.
@@ -162,10 +171,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
         io.set_write_timeout(Some(write_timeout));
-        let app = TowerToHyperService::new(tower_http::add_extension::AddExtension::new(
-            app.clone(),
-            Peer(peer),
-        ));
+        let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let tls = tls.clone();
@@ -174,14 +180,19 @@ pub async fn serve(
             // Timeouts and resets end here; they are the client's, not ours to log loudly.
             let ended = match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(io), app);
+                    let conn =
+                        builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
                     watcher.watch(conn).await
                 }
                 Some(tls) => {
                     // The handshake gets as long as a request's headers would.
                     match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
                         Ok(Ok(stream)) => {
-                            let conn = builder.serve_connection(TokioIo::new(stream), app);
+                            let app = tower_http::add_extension::AddExtension::new(app, OverTls);
+                            let conn = builder.serve_connection(
+                                TokioIo::new(stream),
+                                TowerToHyperService::new(app),
+                            );
                             watcher.watch(conn).await
                         }
                         Ok(Err(e)) => {

@@ -25,6 +25,9 @@ pub struct Certificates {
     current: RwLock<Arc<CertifiedKey>>,
     /// The files' modification times when last loaded.
     loaded: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
+    /// SIGHUP, taken as the certificate is first loaded: a signal sent before the watch
+    /// starts waits for it instead of ending the process (SIGHUP's default).
+    hup: Mutex<Option<tokio::signal::unix::Signal>>,
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -61,14 +64,20 @@ pub fn load(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, String> {
 }
 
 impl Certificates {
+    /// Loads the pair; on a tokio runtime (SIGHUP is taken there).
     pub fn open(cert_file: PathBuf, key_file: PathBuf) -> Result<Arc<Self>, String> {
+        use tokio::signal::unix::{SignalKind, signal};
         let stamps = (modified(&cert_file), modified(&key_file));
         let current = load(&cert_file, &key_file)?;
+        let hup = signal(SignalKind::hangup())
+            .map_err(|e| tracing::warn!(error = %e, "no SIGHUP handler: certificates reload on change only"))
+            .ok();
         Ok(Arc::new(Self {
             cert_file,
             key_file,
             current: RwLock::new(Arc::new(current)),
             loaded: Mutex::new(stamps),
+            hup: Mutex::new(hup),
         }))
     }
 
@@ -96,14 +105,7 @@ impl Certificates {
 
     /// Reloads on SIGHUP and when the files change, until `stop`.
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(error = %e, "no SIGHUP handler: certificates reload on change only");
-                None
-            }
-        };
+        let mut hup = self.hup.lock().expect("never poisoned").take();
         let mut tick = tokio::time::interval(POLL);
         loop {
             let forced = tokio::select! {

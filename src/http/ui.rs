@@ -4,6 +4,7 @@
 //! keeps it.
 
 use super::extract::Json;
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -65,9 +66,12 @@ pub struct SessionAnswer {
     csrf: String,
 }
 
-fn cookie(value: &str, max_age_secs: i64) -> HeaderValue {
+/// The session cookie; Secure when the console is reached over TLS, so a browser never
+/// sends it to the plain boot listener (cookies do not tell ports or schemes apart).
+fn cookie(value: &str, max_age_secs: i64, tls: bool) -> HeaderValue {
+    let secure = if tls { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
-        "{}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age_secs}",
+        "{}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age_secs}{secure}",
         session::COOKIE
     ))
     .expect("a session value is ASCII")
@@ -77,13 +81,19 @@ fn cookie(value: &str, max_age_secs: i64) -> HeaderValue {
 pub async fn login(
     State(state): State<AppState>,
     headers: HeaderMap,
+    peer: Option<Extension<super::serve::Peer>>,
+    tls: Option<Extension<super::serve::OverTls>>,
     Json(req): Json<Login>,
 ) -> Result<Response, ApiError> {
     if !super::auth::same_origin(&headers) {
         return Err(ApiError::Forbidden);
     }
+    // Guesses at the admin token here count like the API's.
+    let source = peer.map(|Extension(p)| p.0.ip());
+    super::auth::not_limited(&state, source)?;
     if !state.token.matches(req.token.trim()) {
         tracing::warn!(security = true, "console login refused: wrong token");
+        super::auth::failed(&state, source, crate::metrics::AUTH_SESSION);
         return Err(ApiError::Forbidden);
     }
     let value = session::issue(&state.token, crate::clock::now_ms() + session::LIFETIME_MS);
@@ -91,7 +101,7 @@ pub async fn login(
     let mut r = Json(SessionAnswer { csrf }).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
-        cookie(&value, session::LIFETIME_MS / 1000),
+        cookie(&value, session::LIFETIME_MS / 1000, tls.is_some()),
     );
     Ok(r)
 }
@@ -116,8 +126,9 @@ pub async fn current(
 
 /// `POST /ui/logout`: the browser forgets the cookie. The session itself is signed, not
 /// stored: it stays valid until it expires or the admin token changes.
-pub async fn logout() -> Response {
+pub async fn logout(tls: Option<Extension<super::serve::OverTls>>) -> Response {
     let mut r = StatusCode::NO_CONTENT.into_response();
-    r.headers_mut().insert(header::SET_COOKIE, cookie("", 0));
+    r.headers_mut()
+        .insert(header::SET_COOKIE, cookie("", 0, tls.is_some()));
     r
 }

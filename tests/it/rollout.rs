@@ -939,8 +939,9 @@ async fn a_hook_drains_and_resumes_nodes_and_a_slow_drain_is_skipped() {
             .unwrap()
             .to_string()
     };
+    // The controller starts the wave's nodes one after another: wait for the fourth too.
     let r = wait_rollout(&fleet, id, 30, |r| {
-        (0..3).all(|i| status_of(r, i) == "draining")
+        (0..3).all(|i| status_of(r, i) == "draining") && status_of(r, 3) != "pending"
     })
     .await;
     assert_eq!(status_of(&r, 3), "failed", "{r:#}");

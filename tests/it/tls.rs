@@ -58,6 +58,26 @@ async fn the_api_is_served_over_https_and_a_renewed_certificate_is_taken_up() {
     assert_eq!(r.status(), 200);
     let r = trusting.get(format!("{https}/ui/")).send().await.unwrap();
     assert_eq!(r.status(), 200, "the console");
+    // The console's cookie never travels to the plain listener.
+    let r = trusting
+        .post(format!("{https}/ui/login"))
+        .json(&serde_json::json!({ "token": server.token }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    // Firmware that speaks TLS is sent on over TLS.
+    let entry = trusting
+        .get(format!("{https}/boot.ipxe"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(entry.contains(&https), "{entry}");
     // A client that trusts another CA does not get through the handshake.
     let other = client(dir, "second");
     let refused = other

@@ -226,6 +226,14 @@ async fn the_audit_trail_names_the_token_and_revocation_is_immediate() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    let r = server
+        .http
+        .post(server.url(&format!("/api/v1/nodes/{MAC}/revalidate")))
+        .bearer_auth(&fc)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
 
     // The event log names who did each write, and the server's own work names nobody.
     let (_, page) = server.json("/api/v1/events?limit=1000").await;
@@ -243,6 +251,10 @@ async fn the_audit_trail_names_the_token_and_revocation_is_immediate() {
     );
     assert_eq!(actor_of("node.assigned"), [Some("night-ops".into())]);
     assert_eq!(actor_of("node.labelled"), [Some("night-ops".into())]);
+    assert_eq!(
+        actor_of("node.revalidate-requested"),
+        [Some("fleet-ctl".into())]
+    );
     let reimaged: Vec<&serde_json::Value> = events
         .iter()
         .filter(|e| e["kind"] == "node.state" && e["data"]["to"] == "reimaging")
@@ -272,14 +284,17 @@ async fn the_audit_trail_names_the_token_and_revocation_is_immediate() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let r = as_ops(reqwest::Method::GET, "/api/v1/images")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
+    // A job not yet told keeps trying: refused each time, never locking its source out.
+    for _ in 0..bootfleet::auth::limiter::MAX_FAILURES + 5 {
+        let r = as_ops(reqwest::Method::GET, "/api/v1/images")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+    }
     let metrics = server.text("/metrics").await;
     assert!(
-        metrics.contains("bootfleet_auth_failures_total{reason=\"revoked\"} 1"),
+        metrics.contains("bootfleet_auth_failures_total{reason=\"revoked\"} 25"),
         "{metrics}"
     );
     let (_, list) = server.json("/api/v1/tokens").await;
@@ -352,6 +367,23 @@ async fn failed_authentications_are_limited_per_source() {
     assert!((1..=60).contains(&wait), "{wait}");
     let body = r.text().await.unwrap();
     assert!(body.contains("too many failed authentications"), "{body}");
+    // The console's login and the scrape count and wait the same.
+    let r = server
+        .http
+        .post(server.url("/ui/login"))
+        .json(&serde_json::json!({ "token": server.token }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "the console login is limited too");
+    let r = server
+        .http
+        .get(server.url("/metrics"))
+        .bearer_auth("guess-guess-guess")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "the scrape is limited too");
     // Blobs, scripts and health stay open: the limit is the admin API's.
     let r = server
         .http

@@ -49,6 +49,8 @@ pub mod kind {
     pub const TOKEN_REVOKED: &str = "token.revoked";
     /// A node was assigned an image: `{image}` (the reference as given).
     pub const NODE_ASSIGNED: &str = "node.assigned";
+    /// A node was asked to validate again at its next heartbeat: `{}`.
+    pub const REVALIDATE_REQUESTED: &str = "node.revalidate-requested";
     /// A node's labels were changed: `{labels}` (all of them, after the change).
     pub const NODE_LABELLED: &str = "node.labelled";
     /// A rollout changed state: `rollout.` and the state (`rollout.paused`,

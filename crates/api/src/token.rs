@@ -69,15 +69,26 @@ pub struct TokenRequest {
     pub role: Role,
 }
 
-/// The answer to a created token: the only time its secret is shown.
+/// The answer to a created token: the only time its secret is shown (never by `Debug`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct TokenCreated {
     pub name: String,
     pub role: Role,
     /// The bearer token. The server keeps only its SHA-256: it cannot be shown again.
     pub token: String,
     pub created_at: String,
+}
+
+impl std::fmt::Debug for TokenCreated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCreated")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("token", &"..")
+            .field("created_at", &self.created_at)
+            .finish()
+    }
 }
 
 /// A token as listed: never its secret.

@@ -465,12 +465,27 @@ impl NodeStore for PgStore {
         Ok(Some((node, row.try_get::<bool, _>(11)?)))
     }
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let mut tx = self.tx().await?;
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = TRUE WHERE mac = $1")
             .bind(mac.to_string())
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?
             .rows_affected();
-        Ok(n == 1)
+        if n == 0 {
+            return Ok(false);
+        }
+        let data = serde_json::json!({});
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::REVALIDATE_REQUESTED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(true)
     }
     /// Clears a pending revalidation request; true for exactly one caller, on any server.
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {

@@ -491,8 +491,22 @@ impl NodeStore for SqliteStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+        if n == 0 {
+            tx.abandon().await?;
+            return Ok(false);
+        }
+        let data = serde_json::json!({});
+        super::events::insert_event(
+            &mut tx,
+            crate::api::event::kind::REVALIDATE_REQUESTED,
+            Some(mac),
+            &data,
+            now_ms(),
+        )
+        .await?;
         tx.commit().await?;
-        Ok(n == 1)
+        self.notify_events();
+        Ok(true)
     }
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
