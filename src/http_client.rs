@@ -33,15 +33,22 @@ pub fn ca_roots(pem: &str) -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
-/// A client builder that trusts only the CAs in `pem` (and not the system's roots).
+/// The provider every TLS configuration here is built with (ring), clients and servers.
+pub fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A client configuration that trusts only the CAs in `pem` (not the system's roots).
+pub fn ca_config(pem: &str) -> Result<rustls::ClientConfig, String> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(ca_roots(pem)?)
+        .with_no_client_auth())
+}
+
+/// A client builder that trusts only the CAs in `pem`.
 pub fn trusting(pem: &str) -> Result<reqwest::ClientBuilder, String> {
     install_provider();
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(ca_roots(pem)?)
-    .with_no_client_auth();
-    Ok(reqwest::Client::builder().tls_backend_preconfigured(config))
+    Ok(reqwest::Client::builder().tls_backend_preconfigured(ca_config(pem)?))
 }

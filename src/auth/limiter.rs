@@ -9,7 +9,8 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Failures a source may make in one window.
+/// Failures a source may make in one window, unless `[http] auth_failures_per_minute`
+/// says otherwise.
 pub const MAX_FAILURES: u32 = 20;
 /// How long a window lasts, from a source's first failure in it.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -21,12 +22,6 @@ pub struct FailureLimiter {
     max: u32,
     window: Duration,
     sources: Mutex<HashMap<IpAddr, (u32, Instant)>>,
-}
-
-impl Default for FailureLimiter {
-    fn default() -> Self {
-        Self::new(MAX_FAILURES, WINDOW)
-    }
 }
 
 /// The key a source is counted under: the address, or its /64.

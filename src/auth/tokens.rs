@@ -36,13 +36,13 @@ impl Caller {
 pub enum Refusal {
     /// No token has this secret.
     Unknown,
-    /// The token was revoked.
+    /// The token was revoked: a real token (a job not yet told), not a guess.
     Revoked,
 }
 
 impl Refusal {
     /// The label it is counted under in `/metrics`.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Refusal::Unknown => "unknown",
             Refusal::Revoked => "revoked",
@@ -168,20 +168,12 @@ impl Tokens {
 
     /// Revokes `name` at once; revoking it again changes nothing.
     pub async fn revoke(&self, name: &str, by: &Caller) -> Result<TokenInfo, ManageError> {
-        let revoked = self.store.revoke_token(name, &by.name, now_ms()).await?;
-        if revoked.is_none() {
+        let Some((row, revoked)) = self.store.revoke_token(name, &by.name, now_ms()).await? else {
             return Err(ManageError::NotFound(format!("no token named {name:?}")));
-        }
-        if revoked == Some(true) {
+        };
+        if revoked {
             tracing::info!(name, by = %by.name, "token revoked");
         }
-        let row = self
-            .store
-            .tokens()
-            .await?
-            .into_iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| ManageError::NotFound(format!("no token named {name:?}")))?;
         Ok(info(row))
     }
 }

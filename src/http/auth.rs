@@ -13,7 +13,7 @@ use axum::response::Response;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::roles;
-use crate::auth::tokens::Caller;
+use crate::auth::tokens::{Caller, Refusal};
 
 /// The request's bearer token, if it has one. The scheme is case-insensitive (RFC 7235):
 /// `bearer` and `BEARER` are `Bearer`.
@@ -42,7 +42,7 @@ pub async fn authorize(
         Some(token) => match state.tokens.authenticate(token).await {
             Ok(Ok(caller)) => caller,
             Ok(Err(refusal)) => {
-                failed(&state, source, refusal.as_str());
+                refused_token(&state, source, refusal);
                 return Err(ApiError::Forbidden);
             }
             Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
@@ -50,7 +50,7 @@ pub async fn authorize(
         None => match console_session(&state, &request) {
             Ok(()) => Caller::admin(),
             Err(e) => {
-                if e.is_forbidden() {
+                if matches!(e, ApiError::Forbidden) {
                     failed(&state, source, crate::metrics::AUTH_SESSION);
                 }
                 return Err(e);
@@ -89,15 +89,20 @@ pub fn not_limited(state: &AppState, source: Option<std::net::IpAddr>) -> Result
     Ok(())
 }
 
-/// Counts a refused credential from `source`. A revoked token is counted in the metrics
-/// but not against its source: it was a real token (a job not yet told), not a guess.
+/// Counts a refused guess from `source`, in the metrics and against the source.
 pub fn failed(state: &AppState, source: Option<std::net::IpAddr>, reason: &'static str) {
     state.metrics.auth_failed(reason);
-    if reason == crate::metrics::AUTH_REVOKED {
-        return;
-    }
     if let Some(ip) = source {
         state.auth_failures.failed(ip, Instant::now());
+    }
+}
+
+/// Counts a refused bearer token: a revoked one in the metrics only, not against its
+/// source (a job not yet told is not guessing); an unknown one as a guess.
+pub fn refused_token(state: &AppState, source: Option<std::net::IpAddr>, refusal: Refusal) {
+    match refusal {
+        Refusal::Revoked => state.metrics.auth_failed(refusal.as_str()),
+        Refusal::Unknown => failed(state, source, refusal.as_str()),
     }
 }
 

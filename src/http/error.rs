@@ -48,13 +48,6 @@ pub enum ApiError {
     TooManyFailures(u64),
 }
 
-impl ApiError {
-    /// A credential was presented and refused (not merely missing).
-    pub fn is_forbidden(&self) -> bool {
-        matches!(self, ApiError::Forbidden)
-    }
-}
-
 impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         match e {

@@ -32,7 +32,7 @@ async fn allowed(
     match state.tokens.authenticate(token).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(refusal)) => {
-            super::auth::failed(state, source, refusal.as_str());
+            super::auth::refused_token(state, source, refusal);
             Err(ApiError::Forbidden)
         }
         Err(e) => Err(crate::registry::RegistryError::from(e).into()),

@@ -1,4 +1,4 @@
-//! HTTPS for the listeners: rustls (ring, as every client here), the certificate chain
+//! HTTPS for the listeners: rustls (ring, `http_client::provider`, as every client here), the certificate chain
 //! and key read from PEM files and reloaded on SIGHUP or when either file changes (polled
 //! every few seconds: no inotify dependency, and a certificate manager's rename is seen
 //! all the same). A pair that does not load is logged and the one in use kept, so a
@@ -30,10 +30,6 @@ pub struct Certificates {
     hup: Mutex<Option<tokio::signal::unix::Signal>>,
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
@@ -58,7 +54,7 @@ pub fn load(cert_file: &Path, key_file: &Path) -> Result<CertifiedKey, String> {
             key_file.display()
         )
     })?;
-    let certified = CertifiedKey::from_der(chain, key, &provider())
+    let certified = CertifiedKey::from_der(chain, key, &crate::http_client::provider())
         .map_err(|e| format!("{} and {}: {e}", cert_file.display(), key_file.display()))?;
     Ok(certified)
 }
@@ -121,11 +117,12 @@ impl Certificates {
 
     /// The server configuration that answers every handshake with the pair in use.
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, String> {
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(crate::http_client::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_no_client_auth()
+                .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }

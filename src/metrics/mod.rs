@@ -163,8 +163,8 @@ pub const REFUSED_NOT_ALLOWED: &str = "not-allowed";
 /// Admin API requests refused at the gate: a token no one holds, a revoked one, a
 /// session cookie or CSRF token that does not check out, a role that does not allow
 /// the route, a source refused for failing too often.
-pub const AUTH_UNKNOWN: &str = "unknown";
-pub const AUTH_REVOKED: &str = "revoked";
+pub const AUTH_UNKNOWN: &str = crate::auth::tokens::Refusal::Unknown.as_str();
+pub const AUTH_REVOKED: &str = crate::auth::tokens::Refusal::Revoked.as_str();
 pub const AUTH_SESSION: &str = "session";
 pub const AUTH_NOT_ALLOWED: &str = "not-allowed";
 pub const AUTH_RATE_LIMITED: &str = "rate-limited";

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use sha2::{Digest as _, Sha256};
 
@@ -34,21 +34,15 @@ pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], String> {
         .map_err(|_| format!("fingerprint {s:?} is not 32 bytes (SHA-256)"))
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// The rustls configuration for `trust`; None for the system's roots (reqwest's default).
 pub fn client_config(trust: &Trust) -> Result<Option<rustls::ClientConfig>, String> {
-    let provider = provider();
+    let provider = crate::http_client::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     let config = match trust {
         Trust::SystemRoots => return Ok(None),
-        Trust::Ca(pem) => builder
-            .with_root_certificates(crate::http_client::ca_roots(pem)?)
-            .with_no_client_auth(),
+        Trust::Ca(pem) => crate::http_client::ca_config(pem)?,
         Trust::Fingerprint(pin) => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {

@@ -882,14 +882,14 @@ pub trait TokenStore: Send + Sync {
     async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<TokenRow>, StoreError>;
     /// Every token, by name.
     async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError>;
-    /// Revokes `name`: None when there is no such token, Some(false) when it was
-    /// revoked already (nothing written).
+    /// Revokes `name`: None when there is no such token; else the token as it stands
+    /// and whether this call revoked it (false: it was revoked already, nothing written).
     async fn revoke_token(
         &self,
         name: &str,
         by: &str,
         at_ms: i64,
-    ) -> Result<Option<bool>, StoreError>;
+    ) -> Result<Option<(TokenRow, bool)>, StoreError>;
 }
 
 /// A whole store: every area, behind one handle the services share. SQLite is one

@@ -833,13 +833,21 @@ async fn router_solicitations_are_answered_with_no_router_here() {
         ra[16..].chunks(8).all(|option| option[0] != 3),
         "no prefix information: no address is made from it"
     );
-    let metrics = server.text("/metrics").await;
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("bootfleet_dhcp_packets_total{")
-                && l.contains("outcome=\"router-advertisement\"")),
-        "{metrics}"
-    );
+    // Counted once sent: the advertisement can reach us before the count is made.
+    let counted = |metrics: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("bootfleet_dhcp_packets_total{")
+                && l.contains("outcome=\"router-advertisement\"")
+        })
+    };
+    let mut metrics = server.text("/metrics").await;
+    for _ in 0..50 {
+        if counted(&metrics) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        metrics = server.text("/metrics").await;
+    }
+    assert!(counted(&metrics), "{metrics}");
     server.stop().await;
 }

@@ -63,7 +63,7 @@ impl TokenStore for PgStore {
         name: &str,
         by: &str,
         at_ms: i64,
-    ) -> Result<Option<bool>, StoreError> {
+    ) -> Result<Option<(TokenRow, bool)>, StoreError> {
         let mut tx = self.tx().await?;
         // Locked, so two servers revoking at once write one revocation and one event.
         let row: Option<rows::TokenColumns> =
@@ -71,11 +71,11 @@ impl TokenStore for PgStore {
                 .bind(name)
                 .fetch_optional(&mut *tx)
                 .await?;
-        let Some(row) = row.map(rows::token).transpose()? else {
+        let Some(mut row) = row.map(rows::token).transpose()? else {
             return Ok(None);
         };
         if row.revoked_at_ms.is_some() {
-            return Ok(Some(false));
+            return Ok(Some((row, false)));
         }
         sqlx::query("UPDATE api_tokens SET revoked_at_ms = $1, revoked_by = $2 WHERE name = $3")
             .bind(at_ms)
@@ -84,12 +84,14 @@ impl TokenStore for PgStore {
             .execute(&mut *tx)
             .await?;
         let data = TokenEventData {
-            name: row.name,
+            name: row.name.clone(),
             role: row.role,
         };
         super::events::insert_event(&mut tx, kind::TOKEN_REVOKED, None, &data, at_ms).await?;
+        row.revoked_at_ms = Some(at_ms);
+        row.revoked_by = Some(by.to_string());
         tx.commit().await?;
         self.notify_events();
-        Ok(Some(true))
+        Ok(Some((row, true)))
     }
 }

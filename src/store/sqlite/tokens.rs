@@ -64,19 +64,19 @@ impl TokenStore for SqliteStore {
         name: &str,
         by: &str,
         at_ms: i64,
-    ) -> Result<Option<bool>, StoreError> {
+    ) -> Result<Option<(TokenRow, bool)>, StoreError> {
         let mut tx = self.write_tx().await?;
         let row: Option<rows::TokenColumns> = sqlx::query_as(select_tokens!("WHERE name = ?"))
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(row) = row.map(rows::token).transpose()? else {
+        let Some(mut row) = row.map(rows::token).transpose()? else {
             tx.abandon().await?;
             return Ok(None);
         };
         if row.revoked_at_ms.is_some() {
             tx.abandon().await?;
-            return Ok(Some(false));
+            return Ok(Some((row, false)));
         }
         sqlx::query("UPDATE api_tokens SET revoked_at_ms = ?, revoked_by = ? WHERE name = ?")
             .bind(at_ms)
@@ -85,12 +85,14 @@ impl TokenStore for SqliteStore {
             .execute(&mut *tx)
             .await?;
         let data = TokenEventData {
-            name: row.name,
+            name: row.name.clone(),
             role: row.role,
         };
         super::events::insert_event(&mut tx, kind::TOKEN_REVOKED, None, &data, at_ms).await?;
+        row.revoked_at_ms = Some(at_ms);
+        row.revoked_by = Some(by.to_string());
         tx.commit().await?;
         self.notify_events();
-        Ok(Some(true))
+        Ok(Some((row, true)))
     }
 }
