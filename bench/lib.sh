@@ -13,11 +13,12 @@ build_release() {
 }
 
 # start_server DATA_DIR PORT [SERVE FLAGS...]: starts bootfleet in the background; sets
-# SERVER_PID.
+# SERVER_PID. RUN_IN (an array) may name a command that runs it (e.g. in a cgroup).
+RUN_IN=()
 start_server() {
   local data=$1 port=$2
   shift 2
-  "$BIN" --data-dir "$data" serve --listen "127.0.0.1:$port" --log-format json "$@" 2>"$data.log" &
+  "${RUN_IN[@]}" "$BIN" --data-dir "$data" serve --listen "127.0.0.1:$port" --log-format json "$@" 2>"$data.log" &
   SERVER_PID=$!
   for _ in $(seq 100); do
     curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
@@ -76,7 +77,7 @@ http {
   server { listen 127.0.0.1:$2; root $1; }
 }
 NGINX
-  nginx -c "$3/nginx.conf" &
+  "${RUN_IN[@]}" nginx -c "$3/nginx.conf" &
   NGINX_PID=$!
   sleep 1
 }

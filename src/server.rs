@@ -371,6 +371,7 @@ async fn serve_listeners(
             crate::http::admin_router(state.clone()),
             settings,
             tls.clone(),
+            state.blob_maps.clone(),
             shutdown.clone(),
         )
     });
@@ -380,6 +381,7 @@ async fn serve_listeners(
             https_app,
             settings,
             Some(config.clone()),
+            state.blob_maps.clone(),
             shutdown.clone(),
         )),
         (Some(_), None) => anyhow::bail!("an HTTPS listener without [http] tls_cert_file"),
@@ -391,7 +393,14 @@ async fn serve_listeners(
         }
     };
     tokio::join!(
-        serve(listeners.boot, boot_app, settings, None, shutdown.clone()),
+        serve(
+            listeners.boot,
+            boot_app,
+            settings,
+            None,
+            state.blob_maps.clone(),
+            shutdown.clone()
+        ),
         optional(admin),
         optional(https),
     );

@@ -14,8 +14,9 @@ use super::range::{RangeDecision, decide_range, none_match};
 use crate::api::Digest;
 
 /// Large enough that per-chunk overhead vanishes on multi-GiB rootfs images, small enough
-/// that 16 concurrent downloads stay within a few tens of MiB.
-const CHUNK: u64 = 1 << 20;
+/// that 16 concurrent downloads stay within a few tens of MiB; the mapping's unit of
+/// release, so that a window holds at most two slots.
+const CHUNK: u64 = super::blob_maps::SLOT as u64;
 
 #[derive(serde::Deserialize)]
 pub struct BlobQuery {
@@ -143,10 +144,11 @@ pub async fn get_blob(
 }
 
 /// Streams `count` bytes from `start` of a blob's shared mapping in 1 MiB windows, each
-/// read in on the blocking pool (a page-cache miss is disk I/O) just before it is sent.
-/// Why a mapping: `read` + `write` copies every byte twice (page cache -> buffer ->
-/// socket); a mapped window is copied once, as nginx's sendfile does, and hyper cannot
-/// sendfile. Resident memory is the page cache's, shared by every download of the blob.
+/// made sure of in the page cache on the blocking pool (a miss is disk I/O) just before
+/// it is sent. On a plain connection the window's bytes go out with sendfile from the
+/// blob's file (`http::sendfile`), as nginx sends them; over TLS they are read through
+/// the mapping (one copy, into rustls). Either way no byte is copied into a buffer of
+/// ours, and a window's pages leave the process once it is sent (`blob_maps`).
 fn file_chunks(
     mapped: crate::http::blob_maps::Mapped,
     start: u64,

@@ -16,6 +16,7 @@ mod openapi;
 mod power;
 pub mod range;
 mod rollouts;
+pub mod sendfile;
 pub mod serve;
 pub mod tls;
 mod tokens;

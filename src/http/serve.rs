@@ -6,6 +6,7 @@
 //! never fires, and it waits for every connection at shutdown), so connections are served
 //! with hyper's HTTP/1 builder directly.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,10 +15,13 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
+
+use super::sendfile::SendfileStream;
 
 /// `[http]` in the settings file: what one client may hold of the server.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -128,12 +132,14 @@ impl HttpSettings {
 
 /// Serves `app` on `listener` (over TLS when `tls` is given) until `shutdown` is
 /// cancelled, then gives open connections `shutdown_grace` to finish their requests and
-/// closes the rest.
+/// closes the rest. Plain connections send the bytes of `blob_maps`' mappings with
+/// sendfile.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     settings: &HttpSettings,
     tls: Option<Arc<rustls::ServerConfig>>,
+    blob_maps: Arc<super::blob_maps::BlobMaps>,
     shutdown: CancellationToken,
 ) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -169,23 +175,23 @@ pub async fn serve(
         };
         // Small responses (scripts, API) must not wait on Nagle.
         let _ = tcp.set_nodelay(true);
-        let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
-        io.set_write_timeout(Some(write_timeout));
+        let blob_maps = blob_maps.clone();
         let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let io = Box::pin(io);
             // Timeouts and resets end here; they are the client's, not ours to log loudly.
             let ended = match tls {
                 None => {
+                    let io = timed(SendfileStream::new(tcp, blob_maps), write_timeout);
                     let conn =
                         builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
                     watcher.watch(conn).await
                 }
                 Some(tls) => {
                     // The handshake gets as long as a request's headers would.
+                    let io = timed(tcp, write_timeout);
                     match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
                         Ok(Ok(stream)) => {
                             let app = tower_http::add_extension::AddExtension::new(app, OverTls);
@@ -224,4 +230,14 @@ pub async fn serve(
             "connections still open after the shutdown grace: closing them"
         );
     }
+}
+
+/// `io` whose writes fail after `write_timeout` without progress.
+fn timed<S: AsyncRead + AsyncWrite>(
+    io: S,
+    write_timeout: Duration,
+) -> Pin<Box<tokio_io_timeout::TimeoutStream<S>>> {
+    let mut io = tokio_io_timeout::TimeoutStream::new(io);
+    io.set_write_timeout(Some(write_timeout));
+    Box::pin(io)
 }
