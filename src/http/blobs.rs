@@ -1,4 +1,5 @@
-//! `GET`/`HEAD /blobs/sha256/<hex>`: immutable artifacts, streamed from disk in 1 MiB chunks.
+//! `GET`/`HEAD /blobs/sha256/<hex>`: immutable artifacts, small ones from memory, larger
+//! ones streamed from disk in 1 MiB windows.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -9,6 +10,7 @@ use axum::response::Response;
 use bytes::Bytes;
 
 use super::AppState;
+use super::blob_maps::{Mapped, SMALL};
 use super::error::ApiError;
 use super::range::{RangeDecision, decide_range, none_match};
 use crate::api::Digest;
@@ -24,23 +26,39 @@ pub struct BlobQuery {
     boot: Option<String>,
 }
 
-/// The blob's file, mapped (None when empty), and its length.
-async fn open(
-    state: &AppState,
-    digest: Digest,
-) -> Result<std::io::Result<(Option<super::blob_maps::Mapped>, u64)>, ApiError> {
+/// A blob's bytes as they are served.
+enum Content {
+    /// A small blob, whole in memory (empty included: an empty file cannot be mapped).
+    Small(Bytes),
+    /// A larger one's shared mapping, and its length.
+    Mapped(Mapped, u64),
+}
+
+impl Content {
+    fn len(&self) -> u64 {
+        match self {
+            Content::Small(bytes) => bytes.len() as u64,
+            Content::Mapped(_, len) => *len,
+        }
+    }
+}
+
+/// The blob's content: a small blob kept in memory as it is, else its file read whole
+/// (small) or mapped, on the blocking pool.
+async fn open(state: &AppState, digest: Digest) -> Result<std::io::Result<Content>, ApiError> {
+    if let Some(bytes) = state.blob_maps.small(&digest) {
+        return Ok(Ok(Content::Small(bytes)));
+    }
     let path = state.registry.blobs.path_of(&digest);
     let maps = state.blob_maps.clone();
     tokio::task::spawn_blocking(move || {
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
-        // An empty file cannot be mapped, and has nothing to send.
-        let mapped = if len > 0 {
-            Some(maps.map(&digest, &file, len)?)
+        Ok(if len <= SMALL {
+            Content::Small(maps.read_small(&digest, &file, len)?)
         } else {
-            None
-        };
-        Ok((mapped, len))
+            Content::Mapped(maps.map(&digest, &file, len)?, len)
+        })
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))
@@ -72,13 +90,14 @@ pub async fn get_blob(
     {
         opened = open(&state, digest).await?;
     }
-    let (mapped, len) = match opened {
-        Ok(v) => v,
+    let content = match opened {
+        Ok(content) => content,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(ApiError::NotFound(format!("no blob {digest}")));
         }
         Err(e) => return Err(ApiError::Internal(e.to_string())),
     };
+    let len = content.len();
     let etag = format!("\"{digest}\"");
     let header_str = |name| {
         headers
@@ -115,25 +134,35 @@ pub async fn get_blob(
                 .expect("valid response"));
         }
     };
-    let body = match mapped {
-        Some(mapped) if method != Method::HEAD && count > 0 => {
-            let chunks = Box::pin(file_chunks(mapped, start, count));
-            match query
-                .boot
-                .filter(|b| crate::node::service::fetches::plausible_boot_id(b))
-            {
-                Some(boot) => Body::from_stream(state.nodes.fetches.track(
-                    boot,
-                    digest,
-                    status == StatusCode::OK,
-                    start,
-                    count,
-                    chunks,
-                )),
-                None => Body::from_stream(chunks),
-            }
+    let boot = query
+        .boot
+        .filter(|b| crate::node::service::fetches::plausible_boot_id(b));
+    let part = |bytes: Bytes| bytes.slice(start as usize..(start + count) as usize);
+    let body = match (content, boot) {
+        _ if method == Method::HEAD || count == 0 => Body::empty(),
+        // Whole, so that hyper writes it with the head.
+        (Content::Small(bytes), None) => Body::from(part(bytes)),
+        (Content::Small(bytes), Some(boot)) => {
+            let once = futures_util::stream::once(std::future::ready(Ok(part(bytes))));
+            let full = status == StatusCode::OK;
+            Body::from_stream(
+                state
+                    .nodes
+                    .fetches
+                    .track(boot, digest, full, start, count, once),
+            )
         }
-        _ => Body::empty(),
+        (Content::Mapped(mapped, _), None) => Body::from_stream(file_chunks(mapped, start, count)),
+        (Content::Mapped(mapped, _), Some(boot)) => {
+            let chunks = Box::pin(file_chunks(mapped, start, count));
+            let full = status == StatusCode::OK;
+            Body::from_stream(
+                state
+                    .nodes
+                    .fetches
+                    .track(boot, digest, full, start, count, chunks),
+            )
+        }
     };
     Ok(response
         .status(status)
@@ -145,12 +174,13 @@ pub async fn get_blob(
 
 /// Streams `count` bytes from `start` of a blob's shared mapping in 1 MiB windows, each
 /// made sure of in the page cache on the blocking pool (a miss is disk I/O) just before
-/// it is sent. On a plain connection the window's bytes go out with sendfile from the
-/// blob's file (`http::sendfile`), as nginx sends them; over TLS they are read through
-/// the mapping (one copy, into rustls). Either way no byte is copied into a buffer of
-/// ours, and a window's pages leave the process once it is sent (`blob_maps`).
+/// it is sent, unless it was seen there within the last second. On a plain connection
+/// the window's bytes go out with sendfile from the blob's file (`http::sendfile`), as
+/// nginx sends them; over TLS they are read through the mapping (one copy, into
+/// rustls). Either way no byte is copied into a buffer of ours, and a window's pages
+/// leave the process once it is sent (`blob_maps`).
 fn file_chunks(
-    mapped: crate::http::blob_maps::Mapped,
+    mapped: Mapped,
     start: u64,
     count: u64,
 ) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
@@ -160,12 +190,16 @@ fn file_chunks(
             if remaining == 0 {
                 return Ok(None);
             }
-            let want = remaining.min(CHUNK);
-            let m = mapped.clone();
-            let chunk =
-                tokio::task::spawn_blocking(move || m.window(offset as usize, want as usize))
-                    .await
-                    .map_err(std::io::Error::other)?;
+            let (at, want) = (offset as usize, remaining.min(CHUNK) as usize);
+            let chunk = match mapped.cached_window(at, want) {
+                Some(chunk) => chunk,
+                None => {
+                    let m = mapped.clone();
+                    tokio::task::spawn_blocking(move || m.window(at, want))
+                        .await
+                        .map_err(std::io::Error::other)?
+                }
+            };
             let n = chunk.len() as u64;
             Ok(Some((chunk, (mapped, offset + n, remaining - n))))
         },

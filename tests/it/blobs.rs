@@ -216,6 +216,19 @@ async fn gc_removes_only_unreferenced_blobs() {
     let orphan = b"nobody needs me";
     let orphan_hex = Digest::of(orphan).hex();
     std::fs::write(server.blob_dir().join(&orphan_hex), orphan).unwrap();
+    // Served (a small blob: read once and kept in memory), a range of it too.
+    let http = bootfleet::http_client::builder().build().unwrap();
+    let url = server.url(&format!("/blobs/sha256/{orphan_hex}"));
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), orphan);
+    let r = http
+        .get(&url)
+        .header("range", "bytes=5-8")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &orphan[5..9]);
     let report: serde_json::Value = server.post_json("/api/v1/blobs/gc").await;
     assert_eq!(
         report["removed"],
@@ -224,6 +237,12 @@ async fn gc_removes_only_unreferenced_blobs() {
     assert_eq!(report["bytes_freed"], orphan.len());
     assert!(server.blob_dir().join(&hex).exists());
     assert_eq!(server.blob_dir_entries().len(), 2);
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        404,
+        "collected, though its bytes were kept in memory"
+    );
     server.stop().await;
 }
 
