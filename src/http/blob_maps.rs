@@ -420,8 +420,15 @@ mod tests {
             assert_eq!(maps.small(&digest), Some(read), "the newest is kept");
         }
         let small = maps.small.lock().unwrap();
-        assert!(small.total <= SMALL_TOTAL, "{} over the budget", small.total);
-        assert_eq!(small.total, small.kept.values().map(Bytes::len).sum::<usize>());
+        assert!(
+            small.total <= SMALL_TOTAL,
+            "{} over the budget",
+            small.total
+        );
+        assert_eq!(
+            small.total,
+            small.kept.values().map(Bytes::len).sum::<usize>()
+        );
         assert_eq!(small.kept.len(), SMALL_TOTAL / SMALL as usize);
         drop(small);
 

@@ -483,6 +483,18 @@ impl Registry {
             bytes_freed,
             "garbage collected blobs"
         );
+        // Files, not rows: the event follows the removal (a failure to record it leaves
+        // the blobs removed and the answer an error saying so).
+        if !removed.is_empty() {
+            let data = crate::api::event::BlobsCollectedData {
+                removed: removed.len(),
+                bytes_freed,
+            };
+            let data = serde_json::to_value(&data).expect("plain data serialises");
+            self.store
+                .record_event(crate::api::event::kind::BLOBS_COLLECTED, None, &data)
+                .await?;
+        }
         Ok(GcReport {
             removed,
             bytes_freed,

@@ -358,6 +358,17 @@ pub struct NewImage<'a> {
     pub artifacts: &'a [Artifact],
 }
 
+impl NewImage<'_> {
+    /// What its `image.published` event says.
+    pub fn event_data(&self) -> crate::api::event::ImageEventData {
+        crate::api::event::ImageEventData {
+            image: self.digest,
+            name: self.name.to_string(),
+            version: self.version.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InsertOutcome {
     Inserted,

@@ -170,16 +170,16 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
         .publish_query(good_bundle("demo", "1", b"k1"), "?tag=demo:stable")
         .await;
     assert_eq!(status, 201);
-    // Each new node is two events (its discovery, its assignment).
+    // The publish is one event; each new node two (its discovery, its assignment).
     for i in 1..=5 {
         servers[i as usize % 3]
             .assign(&mac(2, i), "demo:stable")
             .await;
     }
-    let got = received(&hooks, 10).await;
+    let got = received(&hooks, 11).await;
     assert_eq!(
         got,
-        (1..=10).collect::<Vec<_>>(),
+        (1..=11).collect::<Vec<_>>(),
         "each event once, in order, from one sender"
     );
     // Stop every server but the last, whoever was sending: the last takes over.
@@ -190,8 +190,8 @@ async fn one_server_sends_webhooks_and_another_takes_over_when_it_stops() {
     for i in 6..=8 {
         last.assign(&mac(2, i), "demo:stable").await;
     }
-    let got = received(&hooks, 16).await;
-    assert_eq!(got, (1..=16).collect::<Vec<_>>());
+    let got = received(&hooks, 17).await;
+    assert_eq!(got, (1..=17).collect::<Vec<_>>());
     last.stop().await;
 }
 

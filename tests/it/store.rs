@@ -861,6 +861,13 @@ async fn a_bmc_registration_is_matched_once_by_mac_or_uuid(db: Db) {
             .is_some()
     );
     assert!(store.bmc_registrations().await.unwrap().is_empty());
+    // Unregistered: once, with its event; a second time finds nothing.
+    let gone = store
+        .register_bmc(&bmc(3), None, &[mac(403)])
+        .await
+        .unwrap();
+    assert!(store.remove_bmc_registration(gone.id).await.unwrap());
+    assert!(!store.remove_bmc_registration(gone.id).await.unwrap());
     let kinds: Vec<String> = store
         .events_since(0, 100, None)
         .await
@@ -869,6 +876,7 @@ async fn a_bmc_registration_is_matched_once_by_mac_or_uuid(db: Db) {
         .map(|e| e.kind)
         .collect();
     assert_eq!(kinds.iter().filter(|k| *k == "bmc.matched").count(), 2);
+    assert_eq!(kinds.iter().filter(|k| *k == "bmc.unregistered").count(), 1);
     store.close().await;
 }
 

@@ -198,6 +198,23 @@ async fn the_audit_trail_names_the_token_and_revocation_is_immediate() {
     .await
     .unwrap();
     assert_eq!(r.status(), 200);
+    // A second version published, removed, and its blob collected: each the operator's.
+    let r = as_ops(reqwest::Method::POST, "/api/v1/images")
+        .body(good_bundle("demo", "2", b"k2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = as_ops(reqwest::Method::DELETE, "/api/v1/images/demo:2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = as_ops(reqwest::Method::POST, "/api/v1/blobs/gc")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     let (_, history) = server.json("/api/v1/tags/demo/stable/history").await;
     let moves = history.as_array().unwrap();
     assert_eq!(moves.len(), 1, "{history}");
@@ -254,6 +271,10 @@ async fn the_audit_trail_names_the_token_and_revocation_is_immediate() {
         actor_of("token.created"),
         [Some("admin".into()), Some("admin".into())]
     );
+    let ops_did = |n: usize| vec![Some("night-ops".to_string()); n];
+    assert_eq!(actor_of("image.published"), ops_did(2));
+    assert_eq!(actor_of("image.removed"), ops_did(1));
+    assert_eq!(actor_of("blobs.collected"), ops_did(1));
     assert_eq!(actor_of("node.assigned"), [Some("night-ops".into())]);
     assert_eq!(actor_of("node.labelled"), [Some("night-ops".into())]);
     assert_eq!(

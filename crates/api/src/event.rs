@@ -53,6 +53,14 @@ pub mod kind {
     pub const REVALIDATE_REQUESTED: &str = "node.revalidate-requested";
     /// A node's labels were changed: `{labels}` (all of them, after the change).
     pub const NODE_LABELLED: &str = "node.labelled";
+    /// An image was published (a bundle, an import): `ImageEventData`.
+    pub const IMAGE_PUBLISHED: &str = "image.published";
+    /// An image was removed, with its boots: `ImageEventData`.
+    pub const IMAGE_REMOVED: &str = "image.removed";
+    /// Blobs no image needs were collected: `BlobsCollectedData`.
+    pub const BLOBS_COLLECTED: &str = "blobs.collected";
+    /// A machine registered by its BMC alone was unregistered: `{id}`.
+    pub const BMC_UNREGISTERED: &str = "bmc.unregistered";
     /// A rollout changed state: `rollout.` and the state (`rollout.paused`,
     /// `rollout.halted`, `rollout.finished`, ...), from `rollout_state`.
     pub fn rollout_state(state: crate::rollout::RolloutState) -> String {
@@ -104,6 +112,31 @@ pub struct NodeStateData {
 pub struct TokenEventData {
     pub name: String,
     pub role: crate::token::Role,
+}
+
+/// `data` of `image.published` and `image.removed` events.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageEventData {
+    pub image: crate::Digest,
+    pub name: String,
+    pub version: String,
+}
+
+/// `data` of a `blobs.collected` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlobsCollectedData {
+    /// How many blobs were removed.
+    pub removed: usize,
+    pub bytes_freed: u64,
+}
+
+/// `data` of a `bmc.unregistered` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BmcUnregisteredData {
+    pub id: i64,
 }
 
 /// `data` of a `node.assigned` event.

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use super::{PgStore, lock};
 use crate::api::Digest;
+use crate::api::event::kind;
 use crate::api::image::{Image, Tag, TagMove};
 use crate::api::refs::{ImageRef, TagName};
 use crate::clock::now_ms;
@@ -61,7 +62,16 @@ impl ImageStore for PgStore {
             .execute(&mut *tx)
             .await?;
         }
+        super::events::insert_event(
+            &mut tx,
+            kind::IMAGE_PUBLISHED,
+            None,
+            &img.event_data(),
+            now_ms(),
+        )
+        .await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(InsertOutcome::Inserted)
     }
     async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use crate::api::Mac;
-use crate::api::event::{BmcSetData, PowerData, kind};
+use crate::api::event::{BmcSetData, BmcUnregisteredData, PowerData, kind};
 use crate::api::node::Bmc;
 use crate::api::power::BmcRegistration;
 use crate::clock::now_ms;
@@ -146,8 +146,14 @@ impl PowerStore for PgStore {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        let data = BmcUnregisteredData { id };
+        super::events::insert_event(&mut tx, kind::BMC_UNREGISTERED, None, &data, now_ms()).await?;
         tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        self.notify_events();
+        Ok(true)
     }
     async fn record_bmc_power(&self, data: &serde_json::Value) -> Result<(), StoreError> {
         let mut tx = self.tx().await?;

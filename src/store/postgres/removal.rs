@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use super::PgStore;
 use crate::api::Digest;
 use crate::api::Mac;
-use crate::api::event::NodeRemovedData;
+use crate::api::event::{ImageEventData, NodeRemovedData, kind};
 use crate::clock::now_ms;
 use crate::store::{ImageUsers, RemovalStore, Removed, StoreError};
 
@@ -82,14 +82,14 @@ impl RemovalStore for PgStore {
     async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError> {
         let mut tx = self.tx().await?;
         let key = digest.to_string();
-        let found: Option<(String,)> =
-            sqlx::query_as("SELECT digest FROM images WHERE digest = $1")
+        let found: Option<(String, String)> =
+            sqlx::query_as("SELECT name, version FROM images WHERE digest = $1")
                 .bind(&key)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if found.is_none() {
+        let Some((name, version)) = found else {
             return Ok(Removed::Missing);
-        }
+        };
         for sql in [
             "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = $1)",
             "DELETE FROM boots WHERE image_digest = $1",
@@ -98,7 +98,14 @@ impl RemovalStore for PgStore {
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;
         }
+        let data = ImageEventData {
+            image: *digest,
+            name,
+            version,
+        };
+        super::events::insert_event(&mut tx, kind::IMAGE_REMOVED, None, &data, now_ms()).await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(Removed::Done)
     }
 }

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::api::Digest;
+use crate::api::event::kind;
 use crate::api::image::{Image, Tag, TagMove};
 use crate::api::refs::{ImageRef, TagName};
 use crate::clock::now_ms;
@@ -52,7 +53,16 @@ impl ImageStore for SqliteStore {
             .execute(&mut *tx)
             .await?;
         }
+        super::events::insert_event(
+            &mut tx,
+            kind::IMAGE_PUBLISHED,
+            None,
+            &img.event_data(),
+            now_ms(),
+        )
+        .await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(InsertOutcome::Inserted)
     }
     /// Resolves a REF: a digest, else `name:version`, else `name:tag`.

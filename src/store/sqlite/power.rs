@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::api::Mac;
-use crate::api::event::{BmcSetData, PowerData, kind};
+use crate::api::event::{BmcSetData, BmcUnregisteredData, PowerData, kind};
 use crate::api::node::Bmc;
 use crate::api::power::BmcRegistration;
 use crate::clock::now_ms;
@@ -147,8 +147,15 @@ impl PowerStore for SqliteStore {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        if done.rows_affected() == 0 {
+            tx.abandon().await?;
+            return Ok(false);
+        }
+        let data = BmcUnregisteredData { id };
+        super::events::insert_event(&mut tx, kind::BMC_UNREGISTERED, None, &data, now_ms()).await?;
         tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        self.notify_events();
+        Ok(true)
     }
     async fn record_bmc_power(&self, data: &serde_json::Value) -> Result<(), StoreError> {
         let mut tx = self.write_tx().await?;

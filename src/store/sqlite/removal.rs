@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::Digest;
 use crate::api::Mac;
-use crate::api::event::NodeRemovedData;
+use crate::api::event::{ImageEventData, NodeRemovedData, kind};
 use crate::clock::now_ms;
 use crate::store::{ImageUsers, RemovalStore, Removed, StoreError};
 
@@ -88,14 +88,15 @@ impl RemovalStore for SqliteStore {
     async fn remove_image(&self, digest: &Digest) -> Result<Removed, StoreError> {
         let mut tx = self.write_tx().await?;
         let key = digest.to_string();
-        let found: Option<(String,)> = sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
-            .bind(&key)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if found.is_none() {
+        let found: Option<(String, String)> =
+            sqlx::query_as("SELECT name, version FROM images WHERE digest = ?")
+                .bind(&key)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((name, version)) = found else {
             tx.abandon().await?;
             return Ok(Removed::Missing);
-        }
+        };
         for sql in [
             "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = ?)",
             "DELETE FROM boots WHERE image_digest = ?",
@@ -104,7 +105,14 @@ impl RemovalStore for SqliteStore {
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;
         }
+        let data = ImageEventData {
+            image: *digest,
+            name,
+            version,
+        };
+        super::events::insert_event(&mut tx, kind::IMAGE_REMOVED, None, &data, now_ms()).await?;
         tx.commit().await?;
+        self.notify_events();
         Ok(Removed::Done)
     }
 }
