@@ -9,6 +9,8 @@
 # nodes, 10.98.0.2; the pool 10.98.128.0/17 is routed to it so that each node sends from
 # its own leased address). LOSS_PERCENT drops that share of UDP in both directions
 # (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
+# HEAPTRACK=FILE: the server runs under heaptrack (apt-get install heaptrack), its
+# allocations written to FILE.zst, for the full boot only (the other runs are skipped).
 source "$(dirname "$0")/lib.sh"
 nodes=${1:?usage: bench/storm.sh NODES [LOSS_PERCENT] [RAMP]}
 loss=${2:-0}
@@ -89,9 +91,13 @@ end = "10.98.255.250"
 lease_secs = 3600
 TOML
 ulimit -n "$(ulimit -Hn)"
-srv "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >"$work/server.log" 2>&1 &
-for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
-BF_PID=$(srv pgrep -f "bootfleet --data-dir $work/data serve")
+profile=()
+[ -n "${HEAPTRACK:-}" ] && profile=(heaptrack -o "$HEAPTRACK")
+srv "${profile[@]}" "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >"$work/server.log" 2>&1 &
+SERVER_JOB=$!
+for _ in $(seq 300); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+# The newest: under heaptrack, its wrapper script names the same command.
+BF_PID=$(srv pgrep -n -f "bootfleet --data-dir $work/data serve")
 export BOOTFLEET_SERVER=http://10.98.0.1:8080 BOOTFLEET_TOKEN
 BOOTFLEET_TOKEN=$(cat "$work/data/admin.token")
 mapfile -t urls < <(srv "$BENCH" storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
@@ -102,6 +108,11 @@ echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kern
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
   --output json >"$work/bf.json"
 summary "$work/bf.json"
+if [ -n "${HEAPTRACK:-}" ]; then
+  kill "$BF_PID"
+  wait "$SERVER_JOB" || true # heaptrack writes its file once the server is gone
+  exit 0
+fi
 echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DHCP (iPXE) -> scripts -> kernel, initrd"
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --no-agent --measure-pid "$BF_PID" \
   --output json >"$work/bf-noagent.json"
