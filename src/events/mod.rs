@@ -59,17 +59,23 @@ impl EventLog {
     }
 
     /// A feed of events after `cursor` (only `mac`'s when given) that ends when
-    /// `stopping` is cancelled.
+    /// `stopping` is cancelled, or, with `token`, when that API token is revoked (its
+    /// `token.revoked` event, committed through any server, is the last it gives).
+    /// Such a feed reads every node's events and keeps `mac`'s: a revocation names no
+    /// node.
     pub fn feed(
         &self,
         cursor: i64,
         mac: Option<Mac>,
+        token: Option<String>,
         stopping: tokio_util::sync::CancellationToken,
     ) -> Feed {
         Feed {
             store: self.store.clone(),
             cursor,
             mac,
+            token,
+            revoked: false,
             wake: self.store.subscribe_events(),
             stopping,
             buffered: VecDeque::new(),
@@ -82,9 +88,20 @@ pub struct Feed {
     store: Store,
     cursor: i64,
     mac: Option<Mac>,
+    /// The API token the feed is read with, when it can be revoked.
+    token: Option<String>,
+    /// Its revocation was given: nothing more is.
+    revoked: bool,
     wake: tokio::sync::watch::Receiver<u64>,
     stopping: tokio_util::sync::CancellationToken,
     buffered: VecDeque<Event>,
+}
+
+/// Whether `event` is the revocation of the API token `token`.
+fn revokes(event: &Event, token: Option<&str>) -> bool {
+    token.is_some_and(|name| {
+        event.kind == crate::api::event::kind::TOKEN_REVOKED && event.data["name"] == name
+    })
 }
 
 impl Feed {
@@ -92,19 +109,30 @@ impl Feed {
     /// reconnects with its Last-Event-ID).
     pub async fn next(&mut self) -> Option<Event> {
         loop {
+            if self.revoked {
+                return None;
+            }
             if let Some(e) = self.buffered.pop_front() {
+                self.revoked = revokes(&e, self.token.as_deref());
                 return Some(e);
             }
             // Mark seen before reading, so a commit during the read wakes the next wait.
             self.wake.borrow_and_update();
+            // A revocation names no node: a feed that watches for one reads them all.
+            let read_mac = self.mac.as_ref().filter(|_| self.token.is_none());
             match self
                 .store
-                .events_since(self.cursor, MAX_PAGE, self.mac.as_ref())
+                .events_since(self.cursor, MAX_PAGE, read_mac)
                 .await
             {
                 Ok(events) if !events.is_empty() => {
                     self.cursor = events.last().expect("not empty").seq;
-                    self.buffered.extend(events);
+                    let (mac, token) = (self.mac.as_ref(), self.token.as_deref());
+                    self.buffered.extend(
+                        events.into_iter().filter(|e| {
+                            mac.is_none() || e.node.as_ref() == mac || revokes(e, token)
+                        }),
+                    );
                 }
                 Ok(_) => {
                     tokio::select! {

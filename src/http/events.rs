@@ -61,7 +61,9 @@ pub async fn list(
 }
 
 /// Streams events as they are committed. Starts after `Last-Event-ID`, else after
-/// `since`, else at the newest event (only what happens from now on).
+/// `since`, else at the newest event (only what happens from now on). A stream opened
+/// with a named API token ends with that token's revocation (the first-start admin
+/// token cannot be revoked).
 #[utoipa::path(
     get, path = "/events/stream", tag = "events",
     params(EventsQuery, ("last-event-id" = Option<i64>, Header, description = "Resume after this seq")),
@@ -69,6 +71,7 @@ pub async fn list(
 )]
 pub async fn stream(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<crate::auth::tokens::Caller>,
     headers: HeaderMap,
     Query(q): Query<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<sse::Event, Infallible>>>, ApiError> {
@@ -87,7 +90,10 @@ pub async fn stream(
         None => state.events.head().await.map_err(event_error)?,
     };
     let mac = node_filter(q.node.as_deref())?;
-    let feed = state.events.feed(cursor, mac, state.stopping.clone());
+    let token = (caller.name != crate::auth::tokens::ADMIN_NAME).then_some(caller.name);
+    let feed = state
+        .events
+        .feed(cursor, mac, token, state.stopping.clone());
     let events = futures_util::stream::unfold(feed, |mut feed| async move {
         let event = feed.next().await?;
         let sse = sse::Event::default()

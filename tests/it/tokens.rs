@@ -478,3 +478,91 @@ async fn the_cli_creates_lists_and_revokes_tokens() {
     assert_eq!(out.status.code(), Some(4), "revoked");
     server.stop().await;
 }
+
+/// The event kinds of a server-sent event stream, read until it ends (or until `until`
+/// names one, when given); fails after 20 s.
+async fn sse_kinds(response: reqwest::Response, until: Option<&str>) -> Vec<String> {
+    use futures_util::StreamExt;
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut kinds = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            while let Some(end) = text.find("\n\n") {
+                let frame: String = text.drain(..end + 2).collect();
+                if let Some(kind) = frame.lines().find_map(|l| l.strip_prefix("event: ")) {
+                    kinds.push(kind.to_string());
+                    if until == Some(kind) {
+                        return;
+                    }
+                }
+            }
+        }
+        assert!(
+            until.is_none(),
+            "the stream ended before {until:?}: {kinds:?}"
+        );
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), read)
+        .await
+        .expect("the stream neither ended nor gave the event in 20 s");
+    kinds
+}
+
+/// A stream opened with a named token ends once the token is revoked (seen through the
+/// event log, so whichever server revoked it), even one filtered to a node, whose
+/// events never name the token; the admin's stream goes on.
+#[tokio::test]
+async fn an_event_stream_ends_when_its_token_is_revoked() {
+    let server = TestServer::start().await;
+    let (status, _) = server.publish(good_bundle("demo", "1", b"k1")).await;
+    assert_eq!(status, 201);
+    let reader = create(&server, "dashboards", "read-only").await;
+    let open = |token: String| {
+        server
+            .http
+            .get(server.url(&format!("/api/v1/events/stream?node={MAC}")))
+            .bearer_auth(token)
+            .send()
+    };
+    let named = open(reader).await.unwrap();
+    assert_eq!(named.status(), 200);
+    let admin = open(server.token.clone()).await.unwrap();
+    assert_eq!(admin.status(), 200);
+
+    server.assign(MAC, "demo:1").await;
+    let r = server
+        .http
+        .delete(server.url("/api/v1/tokens/dashboards"))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let kinds = sse_kinds(named, None).await;
+    assert!(kinds.contains(&"node.assigned".to_string()), "{kinds:?}");
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("token.revoked"),
+        "the revocation ends the stream: {kinds:?}"
+    );
+    assert!(
+        !kinds.contains(&"token.created".to_string()),
+        "other tokens' events are not the node's"
+    );
+
+    // The admin's stream of the node still gives the node's events, and only them.
+    let r = server
+        .http
+        .patch(server.url(&format!("/api/v1/nodes/{MAC}/labels")))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({ "set": { "rack": "12" } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let kinds = sse_kinds(admin, Some("node.labelled")).await;
+    assert!(!kinds.contains(&"token.revoked".to_string()), "{kinds:?}");
+    server.stop().await;
+}
