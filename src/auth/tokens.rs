@@ -132,6 +132,22 @@ impl Tokens {
         )
     }
 
+    /// The caller a console session names: the admin, or a named token that is still
+    /// not revoked (a session ends with its token).
+    pub async fn caller_named(&self, name: &str) -> Result<Result<Caller, Refusal>, StoreError> {
+        if name == ADMIN_NAME {
+            return Ok(Ok(Caller::admin()));
+        }
+        Ok(match self.store.token_named(name).await? {
+            None => Err(Refusal::Unknown),
+            Some(row) if row.revoked_at_ms.is_some() => Err(Refusal::Revoked),
+            Some(row) => Ok(Caller {
+                name: row.name,
+                role: row.role,
+            }),
+        })
+    }
+
     pub async fn create(
         &self,
         req: &TokenRequest,

@@ -13,7 +13,7 @@ use axum::response::Response;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::roles;
-use crate::auth::tokens::{Caller, Refusal};
+use crate::auth::tokens::Refusal;
 
 /// The request's bearer token, if it has one. The scheme is case-insensitive (RFC 7235):
 /// `bearer` and `BEARER` are `Bearer`.
@@ -25,7 +25,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The admin API's gate: who the caller is (a token, or the console's session, which
-/// acts as the admin), whether their role allows this route, and then the request runs
+/// acts as the token that logged in), whether their role allows this route, and then the request runs
 /// on their behalf (`audit`), so every event and history row it writes names them.
 /// Sources that fail too often are refused before their token is even looked at.
 pub async fn authorize(
@@ -48,7 +48,12 @@ pub async fn authorize(
             Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
         },
         None => match console_session(&state, &request) {
-            Ok(()) => Caller::admin(),
+            // The session's token may have been revoked since: log in again.
+            Ok(name) => match state.tokens.caller_named(&name).await {
+                Ok(Ok(caller)) => caller,
+                Ok(Err(_)) => return Err(ApiError::Unauthorized),
+                Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
+            },
             Err(e) => {
                 if matches!(e, ApiError::Forbidden) {
                     failed(&state, source, crate::metrics::AUTH_SESSION);
@@ -106,9 +111,10 @@ pub fn refused_token(state: &AppState, source: Option<std::net::IpAddr>, refusal
     }
 }
 
-/// A request from the console: a valid session cookie; a write also needs the session's
-/// CSRF token in its header and, when the browser names an Origin, our own.
-fn console_session(state: &AppState, request: &Request) -> Result<(), ApiError> {
+/// A request from the console: a valid session cookie (the name of the token that logged
+/// in); a write also needs the session's CSRF token in its header and, when the browser
+/// names an Origin, our own.
+fn console_session(state: &AppState, request: &Request) -> Result<String, ApiError> {
     use crate::auth::session;
     let headers = request.headers();
     let Some(cookie) = headers
@@ -119,11 +125,11 @@ fn console_session(state: &AppState, request: &Request) -> Result<(), ApiError> 
     else {
         return Err(ApiError::Unauthorized);
     };
-    if !session::valid(&state.token, cookie, crate::clock::now_ms()) {
+    let Some(name) = session::valid(&state.token, cookie, crate::clock::now_ms()) else {
         return Err(ApiError::Unauthorized);
-    }
+    };
     if request.method().is_safe() {
-        return Ok(());
+        return Ok(name.to_string());
     }
     let csrf = headers
         .get(session::CSRF_HEADER)
@@ -132,7 +138,7 @@ fn console_session(state: &AppState, request: &Request) -> Result<(), ApiError> 
     if !session::csrf_matches(&state.token, cookie, csrf) || !same_origin(headers) {
         return Err(ApiError::Forbidden);
     }
-    Ok(())
+    Ok(name.to_string())
 }
 
 /// No Origin header, or one whose host is the Host the request was sent to.

@@ -60,10 +60,13 @@ pub struct Login {
     token: String,
 }
 
-/// What the script keeps: the CSRF token for its writes.
+/// What the script keeps: the CSRF token for its writes, and who it acts as.
 #[derive(Serialize)]
 pub struct SessionAnswer {
     csrf: String,
+    /// The API token that logged in (`admin` for the admin token).
+    name: String,
+    role: crate::api::token::Role,
 }
 
 /// The session cookie; Secure when the console is reached over TLS, so a browser never
@@ -91,14 +94,28 @@ pub async fn login(
     // Guesses at the admin token here count like the API's.
     let source = peer.map(|Extension(p)| p.0.ip());
     super::auth::not_limited(&state, source)?;
-    if !state.token.matches(req.token.trim()) {
-        tracing::warn!(security = true, "console login refused: wrong token");
-        super::auth::failed(&state, source, crate::metrics::AUTH_SESSION);
-        return Err(ApiError::Forbidden);
-    }
-    let value = session::issue(&state.token, crate::clock::now_ms() + session::LIFETIME_MS);
+    let caller = match state.tokens.authenticate(req.token.trim()).await {
+        Ok(Ok(caller)) => caller,
+        Ok(Err(refusal)) => {
+            tracing::warn!(
+                security = true,
+                reason = refusal.as_str(),
+                "console login refused"
+            );
+            super::auth::refused_token(&state, source, refusal);
+            return Err(ApiError::Forbidden);
+        }
+        Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
+    };
+    let expires_ms = crate::clock::now_ms() + session::LIFETIME_MS;
+    let value = session::issue(&state.token, &caller.name, expires_ms);
     let csrf = session::csrf(&state.token, &value);
-    let mut r = Json(SessionAnswer { csrf }).into_response();
+    let answer = SessionAnswer {
+        csrf,
+        name: caller.name,
+        role: caller.role,
+    };
+    let mut r = Json(answer).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
         cookie(&value, session::LIFETIME_MS / 1000, tls.is_some()),
@@ -117,10 +134,18 @@ pub async fn current(
         .iter()
         .filter_map(|v| v.to_str().ok())
         .find_map(session::from_header)
-        .filter(|v| session::valid(&state.token, v, crate::clock::now_ms()))
         .ok_or(ApiError::Unauthorized)?;
+    let name = session::valid(&state.token, value, crate::clock::now_ms())
+        .ok_or(ApiError::Unauthorized)?;
+    let caller = match state.tokens.caller_named(name).await {
+        Ok(Ok(caller)) => caller,
+        Ok(Err(_)) => return Err(ApiError::Unauthorized),
+        Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
+    };
     Ok(Json(SessionAnswer {
         csrf: session::csrf(&state.token, value),
+        name: caller.name,
+        role: caller.role,
     }))
 }
 

@@ -891,6 +891,8 @@ pub trait TokenStore: Send + Sync {
     async fn create_token(&self, row: &TokenRow, secret_sha256: &str) -> Result<bool, StoreError>;
     /// The token whose secret hashes to `secret_sha256`, revoked or not.
     async fn token_by_hash(&self, secret_sha256: &str) -> Result<Option<TokenRow>, StoreError>;
+    /// The token named `name`, revoked or not.
+    async fn token_named(&self, name: &str) -> Result<Option<TokenRow>, StoreError>;
     /// Every token, by name.
     async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError>;
     /// Revokes `name`: None when there is no such token; else the token as it stands

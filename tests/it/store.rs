@@ -1179,6 +1179,8 @@ async fn a_token_name_is_taken_once_and_revoked_once_with_its_actor(db: Db) {
     let revoked = a.token_by_hash(hash).await.unwrap().unwrap();
     assert_eq!(revoked.revoked_at_ms, Some(2_000));
     assert_eq!(&revoked, done, "the revocation answers the row as stored");
+    assert_eq!(b.token_named("ci").await.unwrap().as_ref(), Some(done));
+    assert_eq!(b.token_named("nobody").await.unwrap(), None);
     let events = a.events_since(0, 100, None).await.unwrap();
     let kinds: Vec<(&str, Option<&str>)> = events
         .iter()

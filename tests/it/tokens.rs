@@ -566,3 +566,99 @@ async fn an_event_stream_ends_when_its_token_is_revoked() {
     assert!(!kinds.contains(&"token.revoked".to_string()), "{kinds:?}");
     server.stop().await;
 }
+
+/// A console session has the role of the token that logged in: a read-only token's
+/// session reads and may not write, an operator's writes are recorded as theirs, and a
+/// revoked token's session ends at once.
+#[tokio::test]
+async fn a_console_session_acts_as_the_token_that_logged_in() {
+    let server = TestServer::start().await;
+    let viewer = create(&server, "viewer", "read-only").await;
+    let ops = create(&server, "ops.night", "operator").await;
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://{}{p}", server.addr);
+    let login = |token: String| {
+        let http = http.clone();
+        let url = url("/ui/login");
+        async move {
+            let r = http
+                .post(url)
+                .json(&serde_json::json!({ "token": token }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
+            let cookie = set.split(';').next().unwrap().to_string();
+            let answer: serde_json::Value = r.json().await.unwrap();
+            (cookie, answer)
+        }
+    };
+    let write = |cookie: &str, csrf: &serde_json::Value| {
+        http.post(url("/api/v1/images"))
+            .header("cookie", cookie)
+            .header("x-bootfleet-csrf", csrf.as_str().unwrap())
+            .body(good_bundle("demo", "1", b"k1"))
+            .send()
+    };
+
+    let (viewing, answer) = login(viewer).await;
+    assert_eq!(answer["name"], "viewer");
+    assert_eq!(answer["role"], "read-only");
+    let r = http
+        .get(url("/api/v1/nodes"))
+        .header("cookie", &viewing)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = write(&viewing, &answer["csrf"]).await.unwrap();
+    assert_eq!(r.status(), 403, "a read-only session does not publish");
+
+    let (operating, answer) = login(ops.clone()).await;
+    assert_eq!(answer["role"], "operator");
+    let r = write(&operating, &answer["csrf"]).await.unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let (_, page) = server.json("/api/v1/events?limit=100").await;
+    let published = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "image.published")
+        .expect("the publish is an event")
+        .clone();
+    assert_eq!(published["actor"], "ops.night", "{published}");
+
+    // Revoked: the session ends with it, in the API and the console's own check.
+    let r = server
+        .http
+        .delete(server.url("/api/v1/tokens/ops.night"))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .get(url("/api/v1/nodes"))
+        .header("cookie", &operating)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(url("/ui/session"))
+        .header("cookie", &operating)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // And a revoked token cannot log in again.
+    let r = http
+        .post(url("/ui/login"))
+        .json(&serde_json::json!({ "token": ops }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    server.stop().await;
+}

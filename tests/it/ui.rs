@@ -205,6 +205,7 @@ async fn an_operator_finds_a_failed_gpu_reimages_the_node_and_rolls_a_tag_back()
     text_when(&c, "#login-error", |t| t.contains("refused")).await;
     type_into(&c, "token", &server.token).await;
     click(&c, "login").await;
+    text_when(&c, "#whoami", |t| t == "admin (admin)").await;
     assert!(
         !c.current_url()
             .await

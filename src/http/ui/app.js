@@ -65,9 +65,15 @@ async function login(ev) {
     document.getElementById("login-error").textContent = "That token was refused.";
     return;
   }
-  csrf = (await r.json()).csrf;
+  startSession(await r.json());
   document.getElementById("login-error").textContent = "";
   route();
+}
+
+// The session's CSRF token, and who it acts as (shown as text, never markup).
+function startSession(session) {
+  csrf = session.csrf;
+  document.getElementById("whoami").textContent = `${session.name} (${session.role})`;
 }
 
 async function logout() {
@@ -307,7 +313,7 @@ async function route() {
   if (!csrf) {
     const r = await fetch("/ui/session", { credentials: "same-origin" });
     if (!r.ok) { showLogin(); return; }
-    csrf = (await r.json()).csrf;
+    startSession(await r.json());
   }
   document.getElementById("login-form").hidden = true;
   document.getElementById("nav").hidden = false;

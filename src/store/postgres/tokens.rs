@@ -52,6 +52,13 @@ impl TokenStore for PgStore {
                 .await?;
         row.map(rows::token).transpose()
     }
+    async fn token_named(&self, name: &str) -> Result<Option<TokenRow>, StoreError> {
+        let row: Option<rows::TokenColumns> = sqlx::query_as(select_tokens!("WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(rows::token).transpose()
+    }
     async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
         let rows: Vec<rows::TokenColumns> = sqlx::query_as(select_tokens!("ORDER BY name"))
             .fetch_all(&self.pool)

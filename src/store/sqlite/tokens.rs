@@ -53,6 +53,13 @@ impl TokenStore for SqliteStore {
                 .await?;
         row.map(rows::token).transpose()
     }
+    async fn token_named(&self, name: &str) -> Result<Option<TokenRow>, StoreError> {
+        let row: Option<rows::TokenColumns> = sqlx::query_as(select_tokens!("WHERE name = ?"))
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(rows::token).transpose()
+    }
     async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
         let rows: Vec<rows::TokenColumns> = sqlx::query_as(select_tokens!("ORDER BY name"))
             .fetch_all(&self.pool)
