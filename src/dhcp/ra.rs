@@ -15,6 +15,9 @@ use std::fmt;
 /// ICMPv6 types (RFC 4861 4.1, 4.2) and the option we read and send (4.6.1).
 pub const ROUTER_SOLICITATION: u8 = 133;
 pub const ROUTER_ADVERTISEMENT: u8 = 134;
+/// The hop limit neighbour discovery is sent with and must arrive with: a message that
+/// crossed a router arrives with less (RFC 4861 6.1).
+pub const HOP_LIMIT: i32 = 255;
 const SOURCE_LINK_LAYER: u8 = 1;
 
 /// A router solicitation as received (the ICMPv6 message; the kernel has checked its

@@ -5,15 +5,16 @@
 //! answered to all nodes, at most once in 3 s (RFC 4861 MIN_DELAY_BETWEEN_RAS). Once a
 //! real router is heard advertising on the segment (a lifetime, or M or O set), we stop
 //! answering for good: iPXE gets its answer from it, and ours must not contradict it.
-//! Not done: a solicitation's own hop limit is not checked (it needs IPV6_RECVHOPLIMIT
-//! ancillary data; only link-local senders are answered, which no router forwards), and
-//! the kernel does not filter ICMPv6 types for us (each neighbour discovery message on
-//! the segment is read and dropped here).
+//! The kernel passes us router solicitations and advertisements only (ICMP6_FILTER), and
+//! each comes with the hop limit it arrived with: one below 255 was forwarded by a
+//! router (RFC 4861 6.1.1, 6.1.2), so it is dropped and counted, and a forwarded
+//! advertisement does not silence us.
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn6, recvmsg, setsockopt, sockopt};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,8 @@ impl RaServer {
         socket.set_unicast_hops_v6(255)?;
         socket.set_multicast_if_v6(ifindex)?;
         socket.set_multicast_loop_v6(false)?;
+        setsockopt(&socket, sockopt::Ipv6RecvHopLimit, &true)?;
+        pass_only_router_discovery(&socket)?;
         socket.set_nonblocking(true)?;
         // SAFETY: the AsyncFd owns the socket, so its descriptor stays open and the same
         // for the AsyncFd's whole life.
@@ -81,22 +84,23 @@ impl RaServer {
                     return;
                 }
             };
-            let received = ready.try_io(|s| {
-                nix::sys::socket::recvfrom::<nix::sys::socket::SockaddrIn6>(
-                    s.get_ref().as_raw_fd(),
-                    &mut buf,
-                )
-                .map_err(std::io::Error::from)
-            });
+            let received = ready.try_io(|s| receive(s.get_ref(), &mut buf));
             match received {
                 Err(_would_block) => continue,
-                Ok(Ok((len, from))) => self.answer(&buf[..len], from.map(SocketAddrV6::from)),
+                Ok(Ok((len, from, hop_limit))) => {
+                    self.answer(&buf[..len], from, hop_limit);
+                }
                 Ok(Err(e)) => tracing::debug!(error = %e, "router solicitation receive failed"),
             }
         }
     }
 
-    fn answer(&self, msg: &[u8], from: Option<SocketAddrV6>) {
+    fn answer(&self, msg: &[u8], from: Option<SocketAddrV6>, hop_limit: Option<i32>) {
+        if hop_limit != Some(ra::HOP_LIMIT) {
+            // Forwarded (or of unknown origin): not from this link.
+            self.metrics.count("malformed.ra-hop-limit");
+            return;
+        }
         if ra::real_router(msg) {
             if !self
                 .router_heard
@@ -108,8 +112,8 @@ impl RaServer {
         }
         match ra::parse_solicitation(msg) {
             Ok(_) => {}
-            // The socket sees every ICMPv6 message on the segment; only solicitations
-            // are ours.
+            // The filter passes advertisements too (a real router's, above; ours
+            // looped back from another server's): only solicitations are answered.
             Err(ra::Dropped::NotSolicitation) => return,
             Err(why) => {
                 self.metrics.count(&format!("malformed.{}", why.reason()));
@@ -147,6 +151,55 @@ impl RaServer {
                 tracing::debug!(error = %e, "cannot send a router advertisement");
             }
         }
+    }
+}
+
+/// One datagram: its length, its sender and the hop limit it arrived with.
+fn receive(
+    socket: &Socket,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<SocketAddrV6>, Option<i32>)> {
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(libc::c_int);
+    let msg = recvmsg::<SockaddrIn6>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )?;
+    let hop_limit = msg.cmsgs()?.find_map(|c| match c {
+        ControlMessageOwned::Ipv6HopLimit(h) => Some(h),
+        _ => None,
+    });
+    Ok((msg.bytes, msg.address.map(SocketAddrV6::from), hop_limit))
+}
+
+/// Has the kernel pass up router solicitations and advertisements only, so that the
+/// rest of the segment's neighbour discovery never wakes us (RFC 3542 3.2: a set bit
+/// blocks its type).
+fn pass_only_router_discovery(socket: &Socket) -> std::io::Result<()> {
+    // linux/icmpv6.h: ICMPV6_FILTER at level SOL_ICMPV6 (= IPPROTO_ICMPV6); neither libc
+    // nor nix names it.
+    const ICMPV6_FILTER: libc::c_int = 1;
+    let mut blocked = [u32::MAX; 8];
+    for t in [ra::ROUTER_SOLICITATION, ra::ROUTER_ADVERTISEMENT] {
+        blocked[usize::from(t >> 5)] &= !(1u32 << (t & 31));
+    }
+    // SAFETY: `blocked` is the kernel's struct icmp6_filter (eight u32 words), alive
+    // for the call, and its size is what is passed.
+    let done = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_ICMPV6,
+            ICMPV6_FILTER,
+            blocked.as_ptr().cast(),
+            std::mem::size_of_val(&blocked) as libc::socklen_t,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 

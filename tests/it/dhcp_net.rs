@@ -757,9 +757,13 @@ async fn in_proxy_mode_a_boot_must_come_from_the_address_the_node_asked_for() {
 }
 
 /// A raw ICMPv6 socket on `ns`'s eth0, as iPXE's IPv6 side: sends router solicitations
-/// (to all routers, once a second, as a host does) until an advertisement comes back,
-/// and returns it with its source.
-fn solicit_router(ns: &str, within: Duration) -> Option<(Vec<u8>, std::net::SocketAddrV6)> {
+/// (to all routers, once a second, as a host does, with hop limit `hops`: 255 from the
+/// link itself) until an advertisement comes back, and returns it with its source.
+fn solicit_router(
+    ns: &str,
+    within: Duration,
+    hops: u32,
+) -> Option<(Vec<u8>, std::net::SocketAddrV6)> {
     let path = format!("/run/netns/{ns}");
     std::thread::spawn(move || {
         let f = std::fs::File::open(path).unwrap();
@@ -772,7 +776,7 @@ fn solicit_router(ns: &str, within: Duration) -> Option<(Vec<u8>, std::net::Sock
         )
         .unwrap();
         s.bind_device(Some(b"eth0")).unwrap();
-        s.set_multicast_hops_v6(255).unwrap();
+        s.set_multicast_hops_v6(hops).unwrap();
         s.set_multicast_if_v6(ifindex).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
@@ -813,7 +817,8 @@ async fn router_solicitations_are_answered_with_no_router_here() {
     let client = lab.host("ra", None);
     let settings = lab.settings(Mode::Authoritative);
     let server = TestServer::start_configured(|cfg| cfg.dhcp = settings).await;
-    let answer = tokio::task::block_in_place(|| solicit_router(&client, Duration::from_secs(10)));
+    let answer =
+        tokio::task::block_in_place(|| solicit_router(&client, Duration::from_secs(10), 255));
     let (ra, from) = answer.expect("no router advertisement within 10 s");
     assert!(
         from.ip().segments()[0] == 0xfe80,
@@ -833,11 +838,24 @@ async fn router_solicitations_are_answered_with_no_router_here() {
         ra[16..].chunks(8).all(|option| option[0] != 3),
         "no prefix information: no address is made from it"
     );
+    // As a router would have forwarded it (the link is up now): no answer.
+    let forwarded =
+        tokio::task::block_in_place(|| solicit_router(&client, Duration::from_secs(3), 64));
+    assert!(
+        forwarded.is_none(),
+        "a forwarded solicitation was answered: {forwarded:?}"
+    );
     // Counted once sent: the advertisement can reach us before the count is made.
     let counted = |metrics: &str| {
-        metrics.lines().any(|l| {
-            l.starts_with("bootfleet_dhcp_packets_total{")
-                && l.contains("outcome=\"router-advertisement\"")
+        [
+            "outcome=\"router-advertisement\"",
+            "outcome=\"malformed\",reason=\"ra-hop-limit\"",
+        ]
+        .iter()
+        .all(|labels| {
+            metrics
+                .lines()
+                .any(|l| l.starts_with("bootfleet_dhcp_packets_total{") && l.contains(labels))
         })
     };
     let mut metrics = server.text("/metrics").await;
