@@ -9,8 +9,9 @@
 # nodes, 10.98.0.2; the pool 10.98.128.0/17 is routed to it so that each node sends from
 # its own leased address). LOSS_PERCENT drops that share of UDP in both directions
 # (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
+# FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
 # HEAPTRACK=FILE: the server runs under heaptrack (apt-get install heaptrack), its
-# allocations written to FILE.zst, for the full boot only (the other runs are skipped).
+# allocations written to FILE.zst; implies FULL_ONLY.
 source "$(dirname "$0")/lib.sh"
 nodes=${1:?usage: bench/storm.sh NODES [LOSS_PERCENT] [RAMP]}
 loss=${2:-0}
@@ -79,7 +80,7 @@ listen = "10.98.0.1:8080"
 [tftp]
 listen = "10.98.0.1:69"
 ipxe_dir = "/usr/lib/ipxe"
-max_transfers = 20000
+max_transfers = 60000
 [dhcp]
 mode = "authoritative"
 interface = "bfs0"
@@ -108,7 +109,7 @@ echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kern
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
   --output json >"$work/bf.json"
 summary "$work/bf.json"
-if [ -n "${HEAPTRACK:-}" ]; then
+if [ -n "${HEAPTRACK:-}${FULL_ONLY:-}" ]; then
   kill "$BF_PID"
   wait "$SERVER_JOB" || true # heaptrack writes its file once the server is gone
   exit 0
