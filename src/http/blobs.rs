@@ -14,6 +14,7 @@ use super::blob_maps::{Mapped, SMALL};
 use super::error::ApiError;
 use super::range::{RangeDecision, decide_range, none_match};
 use crate::api::Digest;
+use futures_util::stream::BoxStream;
 
 /// Large enough that per-chunk overhead vanishes on multi-GiB rootfs images, small enough
 /// that 16 concurrent downloads stay within a few tens of MiB; the mapping's unit of
@@ -142,26 +143,18 @@ pub async fn get_blob(
         _ if method == Method::HEAD || count == 0 => Body::empty(),
         // Whole, so that hyper writes it with the head.
         (Content::Small(bytes), None) => Body::from(part(bytes)),
-        (Content::Small(bytes), Some(boot)) => {
-            let once = futures_util::stream::once(std::future::ready(Ok(part(bytes))));
-            let full = status == StatusCode::OK;
-            Body::from_stream(
-                state
-                    .nodes
-                    .fetches
-                    .track(boot, digest, full, start, count, once),
-            )
-        }
         (Content::Mapped(mapped, _), None) => Body::from_stream(file_chunks(mapped, start, count)),
-        (Content::Mapped(mapped, _), Some(boot)) => {
-            let chunks = Box::pin(file_chunks(mapped, start, count));
+        // A boot's download: each response's bytes and end are recorded for the boot.
+        (content, Some(boot)) => {
+            let chunks: BoxStream<'static, std::io::Result<Bytes>> = match content {
+                Content::Small(bytes) => Box::pin(futures_util::stream::once(std::future::ready(
+                    Ok(part(bytes)),
+                ))),
+                Content::Mapped(mapped, _) => Box::pin(file_chunks(mapped, start, count)),
+            };
             let full = status == StatusCode::OK;
-            Body::from_stream(
-                state
-                    .nodes
-                    .fetches
-                    .track(boot, digest, full, start, count, chunks),
-            )
+            let fetches = &state.nodes.fetches;
+            Body::from_stream(fetches.track(boot, digest, full, start, count, chunks))
         }
     };
     Ok(response

@@ -594,6 +594,10 @@ async fn a_console_session_acts_as_the_token_that_logged_in() {
             (cookie, answer)
         }
     };
+    let read = |cookie: &str, path: &str| {
+        let r = http.get(url(path)).header("cookie", cookie).send();
+        async move { r.await.unwrap().status() }
+    };
     let write = |cookie: &str, csrf: &serde_json::Value| {
         http.post(url("/api/v1/images"))
             .header("cookie", cookie)
@@ -605,13 +609,7 @@ async fn a_console_session_acts_as_the_token_that_logged_in() {
     let (viewing, answer) = login(viewer).await;
     assert_eq!(answer["name"], "viewer");
     assert_eq!(answer["role"], "read-only");
-    let r = http
-        .get(url("/api/v1/nodes"))
-        .header("cookie", &viewing)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(read(&viewing, "/api/v1/nodes").await, 200);
     let r = write(&viewing, &answer["csrf"]).await.unwrap();
     assert_eq!(r.status(), 403, "a read-only session does not publish");
 
@@ -638,20 +636,9 @@ async fn a_console_session_acts_as_the_token_that_logged_in() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let r = http
-        .get(url("/api/v1/nodes"))
-        .header("cookie", &operating)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = http
-        .get(url("/ui/session"))
-        .header("cookie", &operating)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
+    for path in ["/api/v1/nodes", "/ui/session"] {
+        assert_eq!(read(&operating, path).await, 401, "{path}");
+    }
     // And a revoked token cannot log in again.
     let r = http
         .post(url("/ui/login"))
