@@ -155,7 +155,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         tick: std::time::Duration::from_millis(cfg.rollouts.tick_ms.max(10)),
         seen: Default::default(),
     };
-    let http = AppState {
+    let http = AppState::new(crate::http::Shared {
         rollouts: std::sync::Arc::new(rollouts),
         power: std::sync::Arc::new(power),
         registry,
@@ -178,7 +178,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         server_id: crate::leader::holder_id(),
         metrics,
         scrape: std::sync::Arc::new(scrape),
-    };
+    });
     Ok(Server {
         http,
         store,
