@@ -227,16 +227,20 @@ impl Mapped {
             let start = slots.start() * SLOT;
             let whole = (slots.end() + 1) * SLOT;
             let whole_len = whole.min(self.0.map.len()) - start;
-            if !self.cached(start, whole_len) {
-                let _ = self
+            // Known cached only when seen so or read in: where the advice is missing
+            // (before 5.14) the slots stay unknown and each window comes here.
+            let cached = self.cached(start, whole_len)
+                || self
                     .0
                     .map
-                    .advise_range(Advice::PopulateRead, start, whole_len);
-            }
-            let now = Some(Instant::now());
-            let mut held = self.0.slots.lock().expect("not poisoned");
-            for slot in slots.clone() {
-                held[slot].cached_at = now;
+                    .advise_range(Advice::PopulateRead, start, whole_len)
+                    .is_ok();
+            if cached {
+                let now = Some(Instant::now());
+                let mut held = self.0.slots.lock().expect("not poisoned");
+                for slot in slots.clone() {
+                    held[slot].cached_at = now;
+                }
             }
         }
         self.bytes(slots, offset, len)
@@ -283,7 +287,9 @@ impl Mapped {
 
     /// Whether every page of the range (at most two slots) is in the page cache
     /// (mincore(2), which for a file mapping answers for the file's pages whether or not
-    /// they are mapped here).
+    /// they are mapped here, provided the process owns the file or may write it, as the
+    /// server that wrote its blobs does; otherwise it answers for this process's mapped
+    /// pages only, and windows take the slower path, never a wrong one).
     fn cached(&self, offset: usize, len: usize) -> bool {
         const PAGE: usize = 4096;
         let base = self.0.map.as_ptr() as usize;

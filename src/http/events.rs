@@ -84,13 +84,25 @@ pub async fn stream(
                 .map_err(|_| ApiError::BadRequest(format!("Last-Event-ID {v:?} is not a seq")))
         })
         .transpose()?;
+    let head = state.events.head().await.map_err(event_error)?;
+    // A cursor past the newest event starts at it: nothing committed later is skipped
+    // (a revocation among them).
     let cursor = match last_id.or(q.since) {
-        Some(c) if c >= 0 => c,
+        Some(c) if c >= 0 => c.min(head),
         Some(c) => return Err(ApiError::BadRequest(format!("cursor {c} is negative"))),
-        None => state.events.head().await.map_err(event_error)?,
+        None => head,
     };
     let mac = node_filter(q.node.as_deref())?;
     let token = (caller.name != crate::auth::tokens::ADMIN_NAME).then_some(caller.name);
+    // Revoked between the gate and the cursor, its event is behind the feed: ask again
+    // now that the cursor is fixed (a later revocation comes after the cursor).
+    if let Some(name) = &token {
+        match state.tokens.caller_named(name).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(ApiError::Forbidden),
+            Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
+        }
+    }
     let feed = state
         .events
         .feed(cursor, mac, token, state.stopping.clone());

@@ -84,6 +84,8 @@ impl AsyncWrite for SendfileStream {
             None => Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs),
             Some((0, behind)) => {
                 let len = bufs[0].len();
+                // sendfile takes no MSG_NOSIGNAL: a reset peer's EPIPE comes back as an
+                // error because Rust's runtime ignores SIGPIPE (as `serve` leaves it).
                 this.poll_send(cx, || {
                     let mut offset = behind.offset as libc::off_t;
                     nix::sys::sendfile::sendfile(&this.tcp, behind.file(), Some(&mut offset), len)
