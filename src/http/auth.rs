@@ -13,7 +13,7 @@ use axum::response::Response;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::roles;
-use crate::auth::tokens::Refusal;
+use crate::auth::tokens::{Caller, Refusal};
 
 /// The request's bearer token, if it has one. The scheme is case-insensitive (RFC 7235):
 /// `bearer` and `BEARER` are `Bearer`.
@@ -48,12 +48,7 @@ pub async fn authorize(
             Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
         },
         None => match console_session(&state, &request) {
-            // The session's token may have been revoked since: log in again.
-            Ok(name) => match state.tokens.caller_named(&name).await {
-                Ok(Ok(caller)) => caller,
-                Ok(Err(_)) => return Err(ApiError::Unauthorized),
-                Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
-            },
+            Ok(name) => session_caller(&state, &name).await?,
             Err(e) => {
                 if matches!(e, ApiError::Forbidden) {
                     failed(&state, source, crate::metrics::AUTH_SESSION);
@@ -108,6 +103,15 @@ pub fn refused_token(state: &AppState, source: Option<std::net::IpAddr>, refusal
     match refusal {
         Refusal::Revoked => state.metrics.auth_failed(refusal.as_str()),
         Refusal::Unknown => failed(state, source, refusal.as_str()),
+    }
+}
+
+/// The caller a console session names; 401 once its token is revoked (log in again).
+pub async fn session_caller(state: &AppState, name: &str) -> Result<Caller, ApiError> {
+    match state.tokens.caller_named(name).await {
+        Ok(Ok(caller)) => Ok(caller),
+        Ok(Err(_)) => Err(ApiError::Unauthorized),
+        Err(e) => Err(ApiError::from(crate::registry::RegistryError::from(e))),
     }
 }
 

@@ -137,11 +137,7 @@ pub async fn current(
         .ok_or(ApiError::Unauthorized)?;
     let name = session::valid(&state.token, value, crate::clock::now_ms())
         .ok_or(ApiError::Unauthorized)?;
-    let caller = match state.tokens.caller_named(name).await {
-        Ok(Ok(caller)) => caller,
-        Ok(Err(_)) => return Err(ApiError::Unauthorized),
-        Err(e) => return Err(ApiError::from(crate::registry::RegistryError::from(e))),
-    };
+    let caller = super::auth::session_caller(&state, name).await?;
     Ok(Json(SessionAnswer {
         csrf: session::csrf(&state.token, value),
         name: caller.name,
