@@ -224,6 +224,7 @@ base="$cache/debian-root-$base_key"
 
 if [ -f "$entry/index.json" ]; then
   echo "cached: $entry"
+  touch "$entry" # most recently used: kept by the pruning below
 else
   # Leftovers of an interrupted build (this one holds the lock).
   rm -rf --one-file-system "$entry" "$cache"/debian-root-*.partial
@@ -291,6 +292,18 @@ else
   chmod 0444 "$layout/blobs/sha256/"*
   mv "$layout" "$entry"
 fi
+
+# Every new agent binary makes a new entry (a few hundred MiB): without pruning, a machine
+# that runs the tests on each change fills its disk. Kept: the two most recently used
+# entries and the root this build used; the lock is held, so nobody is copying from them.
+prune() { # GLOB KEEP: removes all but the KEEP most recently modified matches
+  find "$cache" -mindepth 1 -maxdepth 1 -type d -name "$1" -printf '%T@ %p\n' |
+    sort -rn | tail -n +"$(($2 + 1))" | cut -d' ' -f2- |
+    while read -r old; do rm -rf --one-file-system "$old"; done
+}
+touch "$base" 2>/dev/null || true
+prune 'debian-root-*' 1
+prune 'debian-[0-9a-f]*' 2
 
 # Copies, not hard links: a test that damages a blob in OUT_DIR must not damage the cache.
 mkdir -p "$out/blobs/sha256"
