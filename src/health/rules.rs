@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub enum Action {
     /// An event (`health.flagged`) and nothing else.
     Flag,
+    /// Mark a ready node `degraded`: it keeps running, but is not `ready` (schedulers and
+    /// fleet controllers keep large jobs off it) until a revalidation passes.
+    Degrade,
     /// Validate the node again (the next heartbeat's answer); a failed validation then
     /// follows the failure policy.
     Revalidate,
@@ -25,6 +28,7 @@ impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Flag => "flag",
+            Action::Degrade => "degrade",
             Action::Revalidate => "revalidate",
             Action::Reimage => "reimage",
             Action::Quarantine => "quarantine",

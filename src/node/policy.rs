@@ -126,7 +126,7 @@ impl LifecyclePolicy {
             // In firmware or its kernel: the agent's attestation is the next thing we hear.
             Provisioning => Some(self.boot_timeout_secs as i64 * 1000),
             Booted | Validating | Ready | Reimaging | AttestationFailed | ValidationFailed
-            | Drifted => Some(self.heartbeat_timeout_secs as i64 * 1000),
+            | Drifted | Degraded => Some(self.heartbeat_timeout_secs as i64 * 1000),
             Discovered | Unreachable | Quarantined => None,
         }
     }

@@ -15,13 +15,19 @@ use crate::api::NodeState;
 #[serde(rename_all = "kebab-case")]
 pub enum NodeEvent {
     BootStarted,
-    Attested { passed: bool },
+    Attested {
+        passed: bool,
+    },
     ValidationStarted,
-    Validated { passed: bool },
+    Validated {
+        passed: bool,
+    },
     DriftDetected,
     ReimageRequested,
     HeartbeatLost,
     QuarantineImposed,
+    /// A health verdict whose action is `degrade`.
+    DegradationFound,
 }
 
 impl NodeEvent {
@@ -38,6 +44,7 @@ impl NodeEvent {
             NodeEvent::ReimageRequested => Reimaging,
             NodeEvent::HeartbeatLost => Unreachable,
             NodeEvent::QuarantineImposed => Quarantined,
+            NodeEvent::DegradationFound => Degraded,
         }
     }
 }
@@ -72,6 +79,14 @@ pub const ALLOWED: &[(NodeState, NodeState)] = &[
     (Ready, Reimaging),
     (Ready, Unreachable),
     (Ready, Quarantined),
+    // Still running, held back by a health verdict; a passed revalidation ends it.
+    (Ready, Degraded),
+    (Degraded, Provisioning),
+    (Degraded, Validating),
+    (Degraded, Drifted),
+    (Degraded, Reimaging),
+    (Degraded, Unreachable),
+    (Degraded, Quarantined),
     (Reimaging, Provisioning),
     (Reimaging, Unreachable),
     (Reimaging, Quarantined),
@@ -180,6 +195,19 @@ mod tests {
         }
         check(Discovered, NodeEvent::ValidationStarted, None);
         check(Provisioning, NodeEvent::ValidationStarted, None);
+    }
+
+    #[test]
+    fn degraded_is_entered_from_ready_and_left_to_ready_only_through_validation() {
+        for from in NodeState::ALL {
+            let to = transition(from, NodeEvent::DegradationFound);
+            assert_eq!(to.is_ok(), from == Ready, "{from} -> degraded");
+        }
+        check(Degraded, NodeEvent::Validated { passed: true }, None);
+        check(Degraded, NodeEvent::ValidationStarted, Some(Validating));
+        check(Degraded, NodeEvent::DriftDetected, Some(Drifted));
+        check(Degraded, NodeEvent::BootStarted, Some(Provisioning));
+        check(Degraded, NodeEvent::QuarantineImposed, Some(Quarantined));
     }
 
     #[test]

@@ -47,6 +47,7 @@ fn could_answer(p: &PendingReimage) -> bool {
                     | NodeState::Ready
                     | NodeState::ValidationFailed
                     | NodeState::Drifted
+                    | NodeState::Degraded
             )
         )
 }

@@ -183,12 +183,20 @@ fn judge(
                 None => Verdict::Failed("ready with no boot recorded".into()),
             };
         }
-        NodeState::AttestationFailed | NodeState::ValidationFailed | NodeState::Quarantined
+        // Degraded on the new image: slower than its peers there, which a rollout gated
+        // on health must not call done.
+        NodeState::AttestationFailed
+        | NodeState::ValidationFailed
+        | NodeState::Quarantined
+        | NodeState::Degraded
             if booted_since =>
         {
             return Verdict::Failed(format!("{}: {}", n.state, n.state_reason));
         }
-        NodeState::AttestationFailed | NodeState::ValidationFailed | NodeState::Quarantined => {
+        NodeState::AttestationFailed
+        | NodeState::ValidationFailed
+        | NodeState::Quarantined
+        | NodeState::Degraded => {
             return Verdict::Again;
         }
         _ => {}
@@ -526,6 +534,38 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_node_degraded_on_the_new_digest_is_not_done() {
+        // Slower than its peers once on the new image: a failure of the rollout's, not a
+        // success; degraded from before its reimage: reimaged again.
+        let r = rollout(RolloutState::Running, 0);
+        let mut before = step(
+            2,
+            0,
+            StepStatus::Reimaging,
+            Some((NodeState::Degraded, 'a')),
+        );
+        before.node.as_mut().unwrap().booted_at = Some(500);
+        let steps = [
+            step(
+                1,
+                0,
+                StepStatus::Reimaging,
+                Some((NodeState::Degraded, 'b')),
+            ),
+            before,
+        ];
+        let actions = look(&r, &steps, 2_000);
+        assert!(
+            matches!(&actions[0], Action::Fail(m, why) if *m == mac(1) && why.starts_with("degraded")),
+            "{actions:?}"
+        );
+        assert!(
+            actions.contains(&Action::Again(mac(2), StepStatus::Reimaging)),
+            "{actions:?}"
+        );
     }
 
     #[test]

@@ -114,6 +114,11 @@ fn heartbeat_body(boot: &Boot, mac: &str, sick: Option<Sick>, round: u64) -> Val
 /// A published, tagged image and 100 discovered nodes assigned to it (MACs
 /// 52-54-00-OCTET-00-xx).
 async fn fleet(server: &TestServer, octet: &str) -> (Value, Vec<String>) {
+    fleet_of(server, octet, 100).await
+}
+
+/// As `fleet`, of `n` nodes.
+async fn fleet_of(server: &TestServer, octet: &str, n: u32) -> (Value, Vec<String>) {
     let (status, image) = server
         .publish_query(
             good_bundle("demo", "1", &noise(20_000, 7)),
@@ -121,7 +126,7 @@ async fn fleet(server: &TestServer, octet: &str) -> (Value, Vec<String>) {
         )
         .await;
     assert_eq!(status, 201, "{image}");
-    let macs: Vec<String> = (0..100)
+    let macs: Vec<String> = (0..n)
         .map(|i| format!("52-54-00-{octet}-00-{i:02x}"))
         .collect();
     for mac in &macs {
@@ -361,6 +366,124 @@ async fn slow_nodes_that_pass_every_check_are_found_against_their_peers() {
             None => assert!(found.is_empty(), "healthy node {i} judged: {found:?}"),
         }
     }
+    drop(nodes);
+    server.stop().await;
+}
+
+/// Boots `n` to validation with a GEMM figure of `gemm`; asserts the checks passed.
+async fn validate_with_gemm(n: &FakeNode<'_>, image: &Value, gemm: f64) -> Boot {
+    let boot = n.boot().await;
+    let artifacts = n.fetch_all(&boot).await;
+    let (status, _) = n.attest(&boot, n.report(&boot, image, &artifacts)).await;
+    assert_eq!(status, 200);
+    let mut report = healthy();
+    report["figures"] = json!([{ "name": "gemm_tflops", "value": gemm }]);
+    let (status, verdict) = n.validate(&boot, report).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    boot
+}
+
+/// With `[health.grey] action = "degrade"`, a slow node is not left `ready`: it becomes
+/// `degraded` (running, counted apart, its heartbeats answered "none") and stays so until
+/// a revalidation its peers accept; a drift is still seen on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_node_is_degraded_until_it_revalidates_at_its_peers_speed() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.health.grey.action = Action::Degrade;
+    })
+    .await;
+    let (image, macs) = fleet_of(&server, "25", 12).await;
+    let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
+    let (slow, drifting) = (3usize, 5usize);
+    let gemm = |i: usize| 700.0 + (i % 5) as f64;
+    let mut boots = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let figure = if i == slow { 420.0 } else { gemm(i) };
+        boots.push(validate_with_gemm(n, &image, figure).await);
+    }
+    // Judged once the group reached ten; degraded, not failed, and said why.
+    let node = nodes[slow].node().await;
+    assert_eq!(node["state"], "degraded", "{node}");
+    let reason = node["state_reason"].as_str().unwrap();
+    assert!(reason.contains("grey-failure"), "{reason}");
+    for (i, n) in nodes.iter().enumerate() {
+        if i != slow {
+            assert_eq!(n.state().await, "ready", "node {i}");
+        }
+    }
+    let (_, fleet) = server.json("/api/v1/fleet").await;
+    let count = |state: &str| {
+        fleet["by_state"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == state)
+            .map(|c| c["count"].clone())
+    };
+    assert_eq!(count("degraded"), Some(json!(1)), "{fleet}");
+    assert_eq!(count("ready"), Some(json!(11)), "{fleet}");
+    assert!(
+        fleet["not_ready"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["state"] == "degraded"),
+        "{fleet}"
+    );
+    let (status, listed) = server.json("/api/v1/nodes?state=degraded").await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+
+    // It keeps running: its heartbeats are answered "none".
+    let (status, answer) = nodes[slow].heartbeat(&boots[slow], None).await;
+    assert_eq!(
+        (status, &answer["action"]),
+        (200, &json!("none")),
+        "{answer}"
+    );
+
+    // An admin asks for a revalidation; its figure is its peers' now: ready again.
+    server
+        .post_json(&format!("/api/v1/nodes/{}/revalidate", macs[slow]))
+        .await;
+    let (_, answer) = nodes[slow].heartbeat(&boots[slow], None).await;
+    assert_eq!(answer["action"], "revalidate", "{answer}");
+    let mut report = healthy();
+    report["figures"] = json!([{ "name": "gemm_tflops", "value": 701.0 }]);
+    let (status, verdict) = nodes[slow].validate(&boots[slow], report).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    assert_eq!(nodes[slow].state().await, "ready");
+
+    // Slow again on a later validation: degraded again; then a drift is still seen.
+    let n = &nodes[drifting];
+    let mut report = healthy();
+    report["figures"] = json!([{ "name": "gemm_tflops", "value": 400.0 }]);
+    server
+        .post_json(&format!("/api/v1/nodes/{}/revalidate", macs[drifting]))
+        .await;
+    let (_, answer) = n.heartbeat(&boots[drifting], None).await;
+    assert_eq!(answer["action"], "revalidate", "{answer}");
+    let (status, verdict) = n.validate(&boots[drifting], report).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    assert_eq!(n.state().await, "degraded");
+    // A GPU gone from what it attested.
+    let facts = json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boots[drifting].cmdline,
+        "gpus": crate::fake_node::gpu_uuids(7) });
+    let (status, answer) = n.heartbeat(&boots[drifting], Some(facts)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(n.state().await, "drifted", "{answer}");
     drop(nodes);
     server.stop().await;
 }

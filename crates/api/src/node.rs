@@ -42,6 +42,10 @@ node_states! {
     Validating = "validating",
     /// Attested and validated: "GPU Ready", not just "Node Ready".
     Ready = "ready",
+    /// Passed every check, yet a `[health]` verdict with the `degrade` action holds it back
+    /// (slower than its peers, a GPU throttling): still running, not `ready`, so schedulers
+    /// and fleet controllers keep large jobs off it. A passed revalidation makes it ready.
+    Degraded = "degraded",
     /// A reimage was requested; the next heartbeat answers "reboot".
     Reimaging = "reimaging",
     AttestationFailed = "attestation-failed",

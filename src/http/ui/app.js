@@ -85,7 +85,7 @@ async function logout() {
 
 async function fleetView(view) {
   const f = (await api("GET", "/api/v1/fleet")).data;
-  const bad = new Set(["validation-failed", "attestation-failed", "quarantined", "unreachable", "drifted"]);
+  const bad = new Set(["validation-failed", "attestation-failed", "quarantined", "unreachable", "drifted", "degraded"]);
   view.append(
     el("h1", {}, `Fleet: ${f.nodes} nodes`),
     el("div", { class: "cards" }, f.by_state.map((c) =>

@@ -12,13 +12,16 @@ use crate::node::reimage::ReimageError;
 use crate::node::state::NodeEvent;
 use crate::store::NodeRecord;
 
-/// The order of strength: a quarantine outranks a reimage, which outranks a revalidation.
+/// The order of strength: a quarantine outranks a reimage, which outranks a
+/// revalidation, which outranks marking the node degraded (the revalidation judges it
+/// afresh).
 fn rank(a: Action) -> u8 {
     match a {
         Action::Flag => 0,
-        Action::Revalidate => 1,
-        Action::Reimage => 2,
-        Action::Quarantine => 3,
+        Action::Degrade => 1,
+        Action::Revalidate => 2,
+        Action::Reimage => 3,
+        Action::Quarantine => 4,
     }
 }
 
@@ -90,9 +93,20 @@ impl NodeService {
         );
         match strongest.action {
             Action::Flag => Ok(None),
+            Action::Degrade => {
+                // Only a node that passed: a degraded one is so already, and one validating,
+                // failed or gone is judged by what it is doing.
+                if node.state == NodeState::Ready {
+                    self.controller
+                        .apply(mac, NodeEvent::DegradationFound, &reason)
+                        .await
+                        .map_err(super::BootError::from)?;
+                }
+                Ok(None)
+            }
             Action::Revalidate => {
                 // Only a node that passed: one validating or failed is judged already.
-                if node.state != NodeState::Ready {
+                if !matches!(node.state, NodeState::Ready | NodeState::Degraded) {
                     return Ok(None);
                 }
                 self.controller

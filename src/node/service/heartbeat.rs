@@ -138,7 +138,10 @@ impl NodeService {
         }
         let mut drift = Vec::new();
         if let Some(facts) = &req.facts
-            && matches!(node.state, NodeState::Ready | NodeState::Drifted)
+            && matches!(
+                node.state,
+                NodeState::Ready | NodeState::Degraded | NodeState::Drifted
+            )
             && let Some(baseline) = self.baseline(&req.boot_id).await?
         {
             drift = compare(&baseline, facts);
@@ -146,7 +149,7 @@ impl NodeService {
         if !drift.is_empty() {
             let named: Vec<String> = drift.iter().map(ToString::to_string).collect();
             let named = named.join("; ");
-            if node.state == NodeState::Ready {
+            if matches!(node.state, NodeState::Ready | NodeState::Degraded) {
                 let reason = format!("boot {}: drifted: {named}", req.boot_id);
                 self.controller
                     .apply(mac, NodeEvent::DriftDetected, &reason)
