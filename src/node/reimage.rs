@@ -113,6 +113,14 @@ pub trait DrainFirst: Send + Sync {
         reason: &str,
         image: Option<&str>,
     ) -> Result<ReimageAccepted, ReimageError>;
+    /// Queues a health rule's revalidation of `node` behind its drain and asks for the
+    /// drain; false when nothing was queued (one is queued already, or a rollout holds
+    /// the node and validates it anyway).
+    async fn revalidate_after_drain(
+        &self,
+        node: &NodeRecord,
+        reason: &str,
+    ) -> Result<bool, ReimageError>;
 }
 
 /// Whether a reimage answer means the node moved (or was moving) to reimaging now, as

@@ -7,5 +7,6 @@
 
 pub mod drain;
 pub mod plan;
+pub mod revalidate;
 pub mod run;
 pub mod service;

@@ -152,7 +152,12 @@ impl Controller {
                 }
             }
         }
-        Ok(active.len())
+        // Revalidations behind a drain: the same look, the same role.
+        let queued = self.tick_revalidations().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "revalidations behind a drain: a look failed; trying again next tick");
+            0
+        });
+        Ok(active.len() + queued)
     }
 
     /// One look at rollout `id`; true when it opened a wave and runs on.

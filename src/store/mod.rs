@@ -905,6 +905,43 @@ pub trait TokenStore: Send + Sync {
     ) -> Result<Option<(TokenRow, bool)>, StoreError>;
 }
 
+/// A revalidation waiting on the node's workload scheduler (`revalidation_drains`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevalidationDrain {
+    pub mac: Mac,
+    pub reason: String,
+    pub asked_at_ms: i64,
+    /// When it was drained and sent to validate; None while draining.
+    pub validating_at_ms: Option<i64>,
+}
+
+/// Revalidations behind a drain, each with its `health.drain` event in its transaction.
+#[async_trait]
+pub trait RevalidationStore: Send + Sync {
+    /// Queues one for `mac`; false (nothing written) when the node has one already.
+    async fn queue_revalidation_drain(
+        &self,
+        mac: &Mac,
+        reason: &str,
+        now_ms: i64,
+        event: &crate::api::event::HealthDrainData,
+    ) -> Result<bool, StoreError>;
+    async fn revalidation_drains(&self) -> Result<Vec<RevalidationDrain>, StoreError>;
+    /// Marks it sent to validate; false when it is not queued (or is validating already).
+    async fn revalidation_validating(
+        &self,
+        mac: &Mac,
+        now_ms: i64,
+        event: &crate::api::event::HealthDrainData,
+    ) -> Result<bool, StoreError>;
+    /// Ends it; false when it was not queued.
+    async fn end_revalidation_drain(
+        &self,
+        mac: &Mac,
+        event: &crate::api::event::HealthDrainData,
+    ) -> Result<bool, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
@@ -920,6 +957,7 @@ pub trait Backend:
     + PowerStore
     + RolloutStore
     + TokenStore
+    + RevalidationStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

@@ -162,7 +162,7 @@ impl<'a> FakeNode<'a> {
         })
     }
 
-    async fn agent_post(&self, route: &str, token: &str, body: Value) -> (u16, Value) {
+    pub(crate) async fn agent_post(&self, route: &str, token: &str, body: Value) -> (u16, Value) {
         let r = self
             .server
             .http

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::fake_node::{Boot, FakeNode, healthy};
 use crate::harness::{TestServer, good_bundle, noise};
 
-fn telemetry() -> Value {
+pub(crate) fn telemetry() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/gpu/hgx-h100-telemetry.synthesised.json"
@@ -68,7 +68,7 @@ fn rules() -> HealthSettings {
 
 /// What each sick node does wrong, in round `round` of heartbeats.
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Sick {
+pub(crate) enum Sick {
     Hot,
     EccRising,
     Flapping,
@@ -84,7 +84,7 @@ const SICK: [Sick; 5] = [
     Sick::Blind,
 ];
 
-fn heartbeat_body(boot: &Boot, mac: &str, sick: Option<Sick>, round: u64) -> Value {
+pub(crate) fn heartbeat_body(boot: &Boot, mac: &str, sick: Option<Sick>, round: u64) -> Value {
     let mut t = telemetry();
     let g = &mut t["gpus"][2];
     match sick {

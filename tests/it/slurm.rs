@@ -1,10 +1,12 @@
-//! Slurm from Debian, started by the test on loopback: munged with a key of its own,
-//! slurmctld and one slurmd (NodeName bfnode1). A job running on the node keeps a
-//! rollout from reimaging it until the job ends; the node is handed back to Slurm
-//! (RESUME) once it is ready on the new image.
+//! Slurm from Debian, started once for this test binary on loopback: munged with a key
+//! of its own, slurmctld and one slurmd (NodeName bfnode1), each beside a watchdog that
+//! stops it when the test binary exits. The tests take the cluster in turn (each drains
+//! bfnode1 and must hand it back). A job running on the node keeps a rollout from
+//! reimaging it, and a health rule from revalidating it, until the job ends; the node is
+//! handed back to Slurm (RESUME) once it is ready again.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -14,8 +16,20 @@ use crate::oci::port_for_a_child;
 use crate::rollout::{Fleet, all_events, mac_of, wait_rollout};
 
 pub struct Slurm {
-    dir: tempfile::TempDir,
-    children: Vec<Child>,
+    /// Removed by munged's watchdog once the test binary has exited.
+    dir: PathBuf,
+}
+
+static SHARED: std::sync::OnceLock<Slurm> = std::sync::OnceLock::new();
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The cluster, started on first use, for the caller alone while it holds the guard.
+async fn cluster() -> (&'static Slurm, tokio::sync::MutexGuard<'static, ()>) {
+    let turn = TURN.lock().await;
+    let slurm = tokio::task::spawn_blocking(|| SHARED.get_or_init(Slurm::start))
+        .await
+        .unwrap();
+    (slurm, turn)
 }
 
 fn need(program: &str) {
@@ -54,21 +68,23 @@ impl Slurm {
         for sub in ["state", "spool"] {
             std::fs::create_dir(d.join(sub)).unwrap();
         }
-        let mut cluster = Self {
-            dir,
-            children: Vec::new(),
-        };
-        let d = cluster.dir.path().to_path_buf();
+        let cluster = Self { dir: dir.keep() };
+        let d = cluster.dir.clone();
         let socket = d.join("munge.sock");
-        cluster.spawn(Command::new(sbin("munged")).args([
-            "--foreground".to_string(),
-            "--force".into(),
-            format!("--socket={}", socket.display()),
-            format!("--key-file={}", d.join("munge.key").display()),
-            format!("--pid-file={}", d.join("munged.pid").display()),
-            format!("--log-file={}", d.join("munged.log").display()),
-            format!("--seed-file={}", d.join("munged.seed").display()),
-        ]));
+        cluster.spawn(
+            "munged",
+            &[
+                "--foreground".to_string(),
+                "--force".into(),
+                format!("--socket={}", socket.display()),
+                format!("--key-file={}", d.join("munge.key").display()),
+                format!("--pid-file={}", d.join("munged.pid").display()),
+                format!("--log-file={}", d.join("munged.log").display()),
+                format!("--seed-file={}", d.join("munged.seed").display()),
+            ],
+            // The last to go (slurmctld and slurmd stop within a second of it).
+            &format!("sleep 2; rm -rf {}", d.display()),
+        );
         wait_for(|| socket.exists(), 10, "munged's socket");
         let (ctld, slurmd) = (port_for_a_child(), port_for_a_child());
         let conf = format!(
@@ -88,8 +104,9 @@ impl Slurm {
         std::fs::write(cluster.conf(), conf).unwrap();
         let conf = cluster.conf();
         let c = conf.to_str().unwrap();
-        cluster.spawn(Command::new(sbin("slurmctld")).args(["-D", "-f", c]));
-        cluster.spawn(Command::new(sbin("slurmd")).args(["-D", "-f", c, "-N", "bfnode1"]));
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        cluster.spawn("slurmctld", &args(&["-D", "-f", c]), "");
+        cluster.spawn("slurmd", &args(&["-D", "-f", c, "-N", "bfnode1"]), "");
         // slurmd registers, then slurmctld counts it as responding: only then does a job start.
         wait_for(
             || {
@@ -103,17 +120,22 @@ impl Slurm {
     }
 
     pub fn conf(&self) -> PathBuf {
-        self.dir.path().join("slurm.conf")
+        self.dir.join("slurm.conf")
     }
 
-    fn spawn(&mut self, cmd: &mut Command) {
-        let child = cmd
-            .env("SLURM_CONF", self.conf())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        self.children.push(child);
+    /// Starts `program args` beside a watchdog that stops it once this test binary
+    /// has exited (the cluster is shared, so no test's end stops it).
+    fn spawn(&self, program: &str, args: &[String], then: &str) {
+        let script = format!(
+            "SLURM_CONF={conf} {program} {args} >/dev/null 2>&1 & p=$!; \
+             while [ -d /proc/{me} ] && kill -0 $p 2>/dev/null; do sleep 0.5; done; \
+             kill $p 2>/dev/null; wait $p; {then}",
+            conf = self.conf().display(),
+            program = sbin(program).display(),
+            args = args.join(" "),
+            me = std::process::id(),
+        );
+        crate::harness::run_detached(Command::new("sh"), &script, program);
     }
 
     pub fn run(&self, program: &str, args: &[&str]) -> String {
@@ -152,15 +174,6 @@ impl Slurm {
     }
 }
 
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        for c in self.children.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn sbin(program: &str) -> PathBuf {
     Path::new("/usr/sbin").join(program)
 }
@@ -175,7 +188,7 @@ fn wait_for(mut ok: impl FnMut() -> bool, secs: u64, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
-    let slurm = tokio::task::spawn_blocking(Slurm::start).await.unwrap();
+    let (slurm, _turn) = cluster().await;
     let conf = slurm.conf();
     let server = TestServer::start_configured(|cfg| {
         cfg.rollouts.tick_ms = 100;
@@ -323,5 +336,146 @@ async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
     );
     fleet.stop().await;
     server.stop().await;
-    drop(slurm);
+}
+
+/// A health rule's revalidation waits for the node's drain: corrected ECC climbing on a
+/// node running a job drains it in Slurm and leaves it ready (no burn-in under the job);
+/// once the job ends the node is sent to validate, and once ready again it is handed
+/// back to Slurm. Each step is a `health.drain` event, in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
+    use crate::fake_node::{FakeNode, healthy};
+    use crate::health::{Sick, heartbeat_body};
+    let (slurm, _turn) = cluster().await;
+    let conf = slurm.conf();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.drain.slurm.conf = Some(conf);
+        cfg.health.rules = vec![bootfleet::health::Rule::new(
+            "ecc-rising",
+            // More than 100 corrected errors in 10 s.
+            bootfleet::health::Condition::EccCorrectedRate {
+                per_hour: 36_000.0,
+                over_secs: 10,
+            },
+            bootfleet::health::Action::Revalidate,
+        )];
+    })
+    .await;
+    let (status, image) = server
+        .publish_query(good_bundle("gpu", "1", &noise(4096, 3)), "?tag=gpu:stable")
+        .await;
+    assert_eq!(status, 201, "{image}");
+    let mac = "52-54-00-31-00-01";
+    let node = FakeNode::new(&server, mac);
+    node.script().await;
+    server.assign(mac, "gpu:stable").await;
+    for (key, value) in [("scheduler", "slurm"), ("slurm-node", "bfnode1")] {
+        let r = server
+            .http
+            .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
+            .bearer_auth(&server.token)
+            .json(&json!({ "set": { key: value } }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let boot = node.boot_to_ready(&image).await;
+    let (boot, node) = (&boot, &node);
+    let beat = |sick: Option<Sick>, round: u64| async move {
+        let body = heartbeat_body(boot, mac, sick, round);
+        let (status, answer) = node
+            .agent_post("/api/v1/agent/heartbeat", &boot.token, body)
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        answer["action"].as_str().unwrap().to_string()
+    };
+
+    let job = slurm.run(
+        "sbatch",
+        &["--parsable", "-w", "bfnode1", "--wrap", "sleep 6"],
+    );
+    let job = job.trim().to_string();
+    wait_for(|| slurm.job(&job) == "R", 30, "the job running");
+
+    // Corrected ECC climbing: the verdict asks for a drain, not a validation.
+    for round in 1..=3 {
+        assert_eq!(beat(Some(Sick::EccRising), round).await, "none");
+    }
+    let verdicts = server
+        .json(&format!("/api/v1/events?since=0&limit=1000&node={mac}"))
+        .await
+        .1;
+    assert!(
+        verdicts["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "health.verdict" && e["data"]["rule"] == "ecc-rising"),
+        "no verdict: {verdicts}"
+    );
+    // While the job runs: drained in Slurm, ready here, never told to validate.
+    let mut seen_drain = false;
+    let mut last_seq_while_running = 0;
+    while slurm.job(&job) == "R" {
+        assert_eq!(beat(None, 0).await, "none", "revalidated while its job ran");
+        assert_eq!(node.state().await, "ready");
+        seen_drain |= slurm.state().contains("DRAIN") && slurm.job(&job) == "R";
+        last_seq_while_running = server.json("/api/v1/events?since=0&limit=1000").await.1["events"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["seq"]
+            .as_i64()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(seen_drain, "Slurm never showed the drain while the job ran");
+
+    // The job is over: drained, so the next heartbeats ask for the revalidation.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if beat(None, 0).await == "revalidate" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never asked to revalidate");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(node.state().await, "validating");
+    let (status, verdict) = node.validate(boot, healthy()).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    wait_for(
+        || !slurm.state().contains("DRAIN"),
+        30,
+        "bfnode1 handed back to Slurm",
+    );
+
+    let (_, page) = server
+        .json(&format!("/api/v1/events?since=0&limit=1000&node={mac}"))
+        .await;
+    let steps: Vec<(String, i64)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "health.drain")
+        .map(|e| {
+            (
+                e["data"]["step"].as_str().unwrap().to_string(),
+                e["seq"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(names, ["asked", "revalidating", "resumed"], "{page}");
+    assert!(
+        steps[1].1 > last_seq_while_running,
+        "sent to validate while the job ran"
+    );
+    assert_eq!(node.state().await, "ready");
+    server.stop().await;
 }

@@ -71,6 +71,7 @@ on_both!(
     a_bmc_registration_is_matched_once_by_mac_or_uuid,
     rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set,
     a_token_name_is_taken_once_and_revoked_once_with_its_actor,
+    a_revalidation_behind_a_drain_is_queued_moved_and_ended_once,
 );
 
 fn mac(i: u32) -> Mac {
@@ -454,6 +455,75 @@ async fn a_revalidation_request_is_answered_once(db: Db) {
             .unwrap()
             .is_none()
     );
+    a.close().await;
+    b.close().await;
+}
+
+/// A health revalidation waiting on a drain: queued once per node (two servers at once:
+/// one wins), marked validating once, ended once, each with its `health.drain` event in
+/// the same transaction; a removed node takes its row with it.
+async fn a_revalidation_behind_a_drain_is_queued_moved_and_ended_once(db: Db) {
+    use bootfleet::api::event::HealthDrainData;
+    let (a, b) = (db.open().await, db.open().await);
+    let step = |s: &str| HealthDrainData {
+        step: s.into(),
+        reason: "ecc-rising".into(),
+    };
+    let (one, two) = (mac(41), mac(42));
+    for m in [&one, &two] {
+        a.discover(m, None, "test").await.unwrap();
+    }
+    let asked = step("asked");
+    let (x, y) = tokio::join!(
+        a.queue_revalidation_drain(&one, "ecc-rising", 1_000, &asked),
+        b.queue_revalidation_drain(&one, "ecc-rising", 1_001, &asked)
+    );
+    assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|t| **t).count(), 1);
+    assert!(
+        b.queue_revalidation_drain(&two, "gone", 1_500, &asked)
+            .await
+            .unwrap()
+    );
+    let rows = b.revalidation_drains().await.unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0].mac, rows[0].validating_at_ms), (one, None));
+    assert!(rows[0].asked_at_ms == 1_000 || rows[0].asked_at_ms == 1_001);
+    let moving = step("revalidating");
+    assert!(
+        a.revalidation_validating(&one, 2_000, &moving)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.revalidation_validating(&one, 2_001, &moving)
+            .await
+            .unwrap(),
+        "once"
+    );
+    assert_eq!(
+        b.revalidation_drains().await.unwrap()[0].validating_at_ms,
+        Some(2_000)
+    );
+    let resumed = step("resumed");
+    assert!(b.end_revalidation_drain(&one, &resumed).await.unwrap());
+    assert!(
+        !a.end_revalidation_drain(&one, &resumed).await.unwrap(),
+        "once"
+    );
+    let node = a.node(&two).await.unwrap().unwrap();
+    let data = bootfleet::api::event::NodeRemovedData {
+        state: node.state,
+        reason: "decommissioned".into(),
+    };
+    a.remove_node(&two, node.version, &data).await.unwrap();
+    assert!(a.revalidation_drains().await.unwrap().is_empty());
+    let events = a.events_since(0, 100, None).await.unwrap();
+    let steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "health.drain")
+        .map(|e| e.data["step"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["asked", "asked", "revalidating", "resumed"]);
     a.close().await;
     b.close().await;
 }

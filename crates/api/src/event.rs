@@ -43,6 +43,10 @@ pub mod kind {
     /// A node quarantined by a health rule needs hands on the hardware: the verdict with
     /// its evidence, for the ticketing system (webhooks deliver it like every event).
     pub const HEALTH_TICKET: &str = "health.ticket";
+    /// A health rule's revalidation of a node with a workload scheduler, drained first:
+    /// `HealthDrainData` (drain asked, revalidating once drained, handed back once ready,
+    /// or why not).
+    pub const HEALTH_DRAIN: &str = "health.drain";
     /// An API token was created: `{name, role}` (never its secret).
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked: `{name, role}`.
@@ -130,6 +134,19 @@ pub struct BlobsCollectedData {
     /// How many blobs were removed.
     pub removed: usize,
     pub bytes_freed: u64,
+}
+
+/// `data` of a `health.drain` event.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HealthDrainData {
+    /// `asked` (the scheduler was asked to drain the node), `revalidating` (drained: the
+    /// node validates at its next heartbeat), `resumed` (ready again: handed back),
+    /// `left-drained` (it did not come back ready: left out of the scheduler for a
+    /// look), `timed-out` (not drained within `[drain] timeout_secs`; handed back
+    /// unvalidated, as `on_timeout = "skip"` says).
+    pub step: String,
+    pub reason: String,
 }
 
 /// `data` of a `bmc.unregistered` event.

@@ -109,6 +109,17 @@ impl NodeService {
                 if !matches!(node.state, NodeState::Ready | NodeState::Degraded) {
                     return Ok(None);
                 }
+                // A validation burns the GPUs in: never under a workload. A node with a
+                // scheduler is drained first; the rollout controller sends it to validate
+                // once drained and hands it back once ready again.
+                if let Some(drain) = &self.reimage.drain_first
+                    && drain.drains(node)
+                {
+                    if let Err(e) = drain.revalidate_after_drain(node, &reason).await {
+                        tracing::warn!(%mac, error = %e, "health rule cannot revalidate behind a drain");
+                    }
+                    return Ok(None);
+                }
                 self.controller
                     .apply(mac, NodeEvent::ValidationStarted, &reason)
                     .await

@@ -18,6 +18,7 @@ mod leases;
 mod nodes;
 mod power;
 mod removal;
+mod revalidations;
 mod rollouts;
 mod tokens;
 

@@ -12,6 +12,7 @@ mod node_cache;
 mod nodes;
 mod power;
 mod removal;
+mod revalidations;
 mod rollouts;
 mod tokens;
 

@@ -41,6 +41,7 @@ impl RemovalStore for SqliteStore {
             "DELETE FROM node_history WHERE mac = ?",
             "DELETE FROM reimage_requests WHERE mac = ?",
             "DELETE FROM power_actions WHERE mac = ?",
+            "DELETE FROM revalidation_drains WHERE mac = ?",
             "DELETE FROM nodes WHERE mac = ?",
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;

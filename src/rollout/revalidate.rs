@@ -1,0 +1,371 @@
+//! Revalidations behind a drain. A validation burns the GPUs in, so a `[health]` rule's
+//! `revalidate` on a node with a workload scheduler must not start under a customer's
+//! job: the node service queues it (`RolloutService::revalidate_after_drain`: a row, a
+//! `health.drain` event, the drain asked), and the rollout controller, under its role,
+//! looks at each queued one every tick: once drained the node is sent to validate (its
+//! next heartbeat answers "revalidate"); once ready again it is handed back; a node that
+//! does not come back ready is left drained for a look, and says so in an event.
+
+use std::collections::HashMap;
+
+use crate::api::event::HealthDrainData;
+use crate::api::{Mac, NodeState};
+use crate::clock::now_ms;
+use crate::node::state::NodeEvent;
+use crate::store::{NodeRecord, RevalidationDrain, StoreError};
+
+use super::drain::{Drain, Target};
+use super::plan::{DrainRules, DrainTimeout};
+use super::run::Controller;
+
+/// What to do with one queued revalidation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    Wait,
+    /// The scheduler does not know of the drain (asked before a restart, or resumed by
+    /// someone): ask again.
+    AskAgain,
+    /// Drained (or past the timeout with `on_timeout = "force"`): send it to validate.
+    Revalidate,
+    /// A validation is under way already (it rebooted, say): it counts.
+    Validating,
+    /// Ready again after its validation: hand it back.
+    Resume,
+    /// The row ends: `step` and `why` for its event; `resume` whether to hand it back.
+    End {
+        step: &'static str,
+        why: String,
+        resume: bool,
+    },
+}
+
+/// Where a booting or validating node is: on its way through a validation.
+fn validating(state: NodeState) -> bool {
+    matches!(
+        state,
+        NodeState::Provisioning | NodeState::Booted | NodeState::Validating
+    )
+}
+
+/// The rule, pure: `drain` is what the scheduler says (None: not asked, or it did not
+/// answer); only read for a draining node that is still ready or degraded.
+pub fn next(
+    row: &RevalidationDrain,
+    node: Option<&NodeRecord>,
+    drain: Option<Drain>,
+    rules: DrainRules,
+    now_ms: i64,
+) -> Next {
+    let Some(node) = node else {
+        return Next::End {
+            step: "left-drained",
+            why: "the node was removed".into(),
+            resume: false,
+        };
+    };
+    let left = || Next::End {
+        step: "left-drained",
+        why: format!("it is {}: {}", node.state, node.state_reason),
+        resume: false,
+    };
+    if row.validating_at_ms.is_some() {
+        return match node.state {
+            NodeState::Ready => Next::Resume,
+            s if validating(s) => Next::Wait,
+            _ => left(),
+        };
+    }
+    match node.state {
+        NodeState::Ready | NodeState::Degraded => {}
+        s if validating(s) => return Next::Validating,
+        _ => return left(),
+    }
+    if drain == Some(Drain::Drained) {
+        return Next::Revalidate;
+    }
+    if now_ms - row.asked_at_ms > rules.timeout_ms {
+        match rules.on_timeout {
+            DrainTimeout::Skip => {
+                return Next::End {
+                    step: "timed-out",
+                    why: format!(
+                        "not drained within {} s: handed back, not revalidated",
+                        rules.timeout_ms / 1000
+                    ),
+                    resume: true,
+                };
+            }
+            DrainTimeout::Force => return Next::Revalidate,
+            DrainTimeout::Wait => {}
+        }
+    }
+    if drain == Some(Drain::NotDraining) {
+        return Next::AskAgain;
+    }
+    Next::Wait
+}
+
+impl Controller {
+    /// One look at every queued revalidation; how many there were.
+    pub(super) async fn tick_revalidations(&self) -> Result<usize, StoreError> {
+        let rows = self.store.revalidation_drains().await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let macs: Vec<Mac> = rows.iter().map(|r| r.mac).collect();
+        let nodes: HashMap<Mac, NodeRecord> = self
+            .store
+            .nodes_in(&macs)
+            .await?
+            .into_iter()
+            .map(|n| (n.mac, n))
+            .collect();
+        for row in &rows {
+            // One node's trouble is logged and does not stop the others.
+            if let Err(e) = self.revalidation(row, nodes.get(&row.mac)).await {
+                tracing::warn!(mac = %row.mac, error = %e, "revalidation behind a drain: a look failed; trying again next tick");
+            }
+        }
+        Ok(rows.len())
+    }
+
+    async fn revalidation(
+        &self,
+        row: &RevalidationDrain,
+        node: Option<&NodeRecord>,
+    ) -> Result<(), StoreError> {
+        let scheduler = node.and_then(|n| self.schedulers.of(n).ok().flatten());
+        let asks_scheduler = row.validating_at_ms.is_none()
+            && node.is_some_and(|n| matches!(n.state, NodeState::Ready | NodeState::Degraded));
+        let drain = match (scheduler, node) {
+            (Some(s), Some(n)) if asks_scheduler => match s.state(&Target::from(n)).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(mac = %row.mac, error = %e, "cannot ask how the drain stands");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let event = |step: &str, reason: String| HealthDrainData {
+            step: step.into(),
+            reason,
+        };
+        match next(row, node, drain, self.drain.rules(), now_ms()) {
+            Next::Wait => Ok(()),
+            Next::AskAgain => {
+                if let (Some(s), Some(n)) = (scheduler, node)
+                    && let Err(e) = s
+                        .drain(
+                            &Target::from(n),
+                            &format!("bootfleet revalidation: {}", row.reason),
+                        )
+                        .await
+                {
+                    tracing::warn!(mac = %row.mac, error = %e, "cannot ask for the drain");
+                }
+                Ok(())
+            }
+            Next::Revalidate => {
+                // The flag first, then the move, then the row: a restart anywhere in
+                // between leaves a node that validates (once more, at worst).
+                self.store.request_revalidate(&row.mac).await?;
+                let reason = format!("drained; revalidating: {}", row.reason);
+                match self
+                    .nodes
+                    .apply(&row.mac, NodeEvent::ValidationStarted, &reason)
+                    .await
+                {
+                    Ok(_) => {}
+                    // It moved meanwhile (rebooted, failed): the next look sees where.
+                    Err(e) => {
+                        tracing::info!(mac = %row.mac, error = %e, "revalidation behind a drain: the node moved");
+                        return Ok(());
+                    }
+                }
+                self.store
+                    .revalidation_validating(&row.mac, now_ms(), &event("revalidating", reason))
+                    .await?;
+                Ok(())
+            }
+            Next::Validating => {
+                let reason = "a validation under way counts as the revalidation".to_string();
+                self.store
+                    .revalidation_validating(&row.mac, now_ms(), &event("revalidating", reason))
+                    .await?;
+                Ok(())
+            }
+            Next::Resume => {
+                let why = "ready again".to_string();
+                self.end_revalidation(row, node, scheduler, "resumed", why, true)
+                    .await
+            }
+            Next::End { step, why, resume } => {
+                self.end_revalidation(row, node, scheduler, step, why, resume)
+                    .await
+            }
+        }
+    }
+
+    /// Ends the row with its event, handing the node back first when `resume`.
+    async fn end_revalidation(
+        &self,
+        row: &RevalidationDrain,
+        node: Option<&NodeRecord>,
+        scheduler: Option<&dyn super::drain::Scheduler>,
+        step: &str,
+        why: String,
+        resume: bool,
+    ) -> Result<(), StoreError> {
+        let mut reason = why;
+        if resume && let (Some(s), Some(n)) = (scheduler, node) {
+            match s
+                .resume(
+                    &Target::from(n),
+                    &format!("bootfleet revalidation: {}", row.reason),
+                )
+                .await
+            {
+                Ok(()) => reason.push_str(": handed back to its scheduler"),
+                // Asked again next look: the row stays.
+                Err(e) => {
+                    tracing::warn!(mac = %row.mac, error = %e, "cannot hand the node back; asking again next tick");
+                    return Ok(());
+                }
+            }
+        }
+        let data = HealthDrainData {
+            step: step.into(),
+            reason,
+        };
+        self.store.end_revalidation_drain(&row.mac, &data).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: DrainRules = DrainRules {
+        timeout_ms: 10_000,
+        on_timeout: DrainTimeout::Skip,
+    };
+
+    fn row(validating: bool) -> RevalidationDrain {
+        RevalidationDrain {
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            reason: "ecc-rising".into(),
+            asked_at_ms: 1_000,
+            validating_at_ms: validating.then_some(2_000),
+        }
+    }
+
+    fn node(state: NodeState) -> NodeRecord {
+        NodeRecord {
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            uuid: None,
+            hostname: None,
+            labels: Default::default(),
+            assigned: None,
+            state,
+            state_reason: "why".into(),
+            version: 1,
+            created_at: String::new(),
+            updated_at: String::new(),
+            bmc: None,
+        }
+    }
+
+    #[test]
+    fn validation_waits_for_the_drain() {
+        let ready = node(NodeState::Ready);
+        let at = |d| next(&row(false), Some(&ready), d, RULES, 2_000);
+        assert_eq!(at(Some(Drain::Draining)), Next::Wait);
+        assert_eq!(at(None), Next::Wait);
+        assert_eq!(at(Some(Drain::NotDraining)), Next::AskAgain);
+        assert_eq!(at(Some(Drain::Drained)), Next::Revalidate);
+        let degraded = node(NodeState::Degraded);
+        assert_eq!(
+            next(
+                &row(false),
+                Some(&degraded),
+                Some(Drain::Drained),
+                RULES,
+                2_000
+            ),
+            Next::Revalidate
+        );
+    }
+
+    #[test]
+    fn handed_back_only_ready_after_its_validation() {
+        let at = |state| next(&row(true), Some(&node(state)), None, RULES, 3_000);
+        assert_eq!(at(NodeState::Validating), Next::Wait);
+        assert_eq!(at(NodeState::Provisioning), Next::Wait);
+        assert_eq!(at(NodeState::Ready), Next::Resume);
+        for state in [
+            NodeState::ValidationFailed,
+            NodeState::Quarantined,
+            NodeState::Degraded,
+            NodeState::Reimaging,
+            NodeState::Unreachable,
+        ] {
+            assert!(
+                matches!(
+                    at(state),
+                    Next::End {
+                        step: "left-drained",
+                        resume: false,
+                        ..
+                    }
+                ),
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_that_moved_while_draining() {
+        let at = |state| next(&row(false), Some(&node(state)), None, RULES, 2_000);
+        assert_eq!(at(NodeState::Validating), Next::Validating);
+        assert_eq!(at(NodeState::Provisioning), Next::Validating);
+        assert!(matches!(
+            at(NodeState::ValidationFailed),
+            Next::End { resume: false, .. }
+        ));
+        assert!(matches!(
+            next(&row(false), None, None, RULES, 2_000),
+            Next::End { resume: false, .. }
+        ));
+    }
+
+    #[test]
+    fn a_drain_past_its_timeout_follows_on_timeout() {
+        let ready = node(NodeState::Ready);
+        let late = 1_000 + RULES.timeout_ms + 1;
+        let with = |on_timeout| DrainRules {
+            on_timeout,
+            ..RULES
+        };
+        let at = |on_timeout| {
+            next(
+                &row(false),
+                Some(&ready),
+                Some(Drain::Draining),
+                with(on_timeout),
+                late,
+            )
+        };
+        assert!(matches!(
+            at(DrainTimeout::Skip),
+            Next::End {
+                step: "timed-out",
+                resume: true,
+                ..
+            }
+        ));
+        assert_eq!(at(DrainTimeout::Force), Next::Revalidate);
+        assert_eq!(at(DrainTimeout::Wait), Next::Wait);
+    }
+}
