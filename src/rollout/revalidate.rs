@@ -47,6 +47,12 @@ fn validating(state: NodeState) -> bool {
     )
 }
 
+/// Silent for now: its next heartbeat revalidates it (a long burn-in may miss one), so
+/// it is waited for, not given up on.
+fn silent(state: NodeState) -> bool {
+    state == NodeState::Unreachable
+}
+
 /// The rule, pure: `drain` is what the scheduler says (None: not asked, or it did not
 /// answer); only read for a draining node that is still ready or degraded.
 pub fn next(
@@ -71,13 +77,14 @@ pub fn next(
     if row.validating_at_ms.is_some() {
         return match node.state {
             NodeState::Ready => Next::Resume,
-            s if validating(s) => Next::Wait,
+            s if validating(s) || silent(s) => Next::Wait,
             _ => left(),
         };
     }
     match node.state {
         NodeState::Ready | NodeState::Degraded => {}
         s if validating(s) => return Next::Validating,
+        s if silent(s) => return Next::Wait,
         _ => return left(),
     }
     if drain == Some(Drain::Drained) {
@@ -177,9 +184,11 @@ impl Controller {
                     .await
                 {
                     Ok(_) => {}
-                    // It moved meanwhile (rebooted, failed): the next look sees where.
+                    // It moved meanwhile (rebooted, failed): the flag goes (it would start a
+                    // validation later, under whatever runs then); the next look sees where.
                     Err(e) => {
                         tracing::info!(mac = %row.mac, error = %e, "revalidation behind a drain: the node moved");
+                        self.store.take_revalidate(&row.mac).await?;
                         return Ok(());
                     }
                 }
@@ -227,11 +236,9 @@ impl Controller {
                 .await
             {
                 Ok(()) => reason.push_str(": handed back to its scheduler"),
-                // Asked again next look: the row stays.
-                Err(e) => {
-                    tracing::warn!(mac = %row.mac, error = %e, "cannot hand the node back; asking again next tick");
-                    return Ok(());
-                }
+                // A refusal costs the event's words, as for a rollout: the row ends
+                // either way (kept, it would ask on every look, for ever).
+                Err(e) => reason.push_str(&format!(": not handed back to its scheduler: {e}")),
             }
         }
         let data = HealthDrainData {
@@ -304,12 +311,13 @@ mod tests {
         assert_eq!(at(NodeState::Validating), Next::Wait);
         assert_eq!(at(NodeState::Provisioning), Next::Wait);
         assert_eq!(at(NodeState::Ready), Next::Resume);
+        // A missed heartbeat mid burn-in: its next one revalidates it.
+        assert_eq!(at(NodeState::Unreachable), Next::Wait);
         for state in [
             NodeState::ValidationFailed,
             NodeState::Quarantined,
             NodeState::Degraded,
             NodeState::Reimaging,
-            NodeState::Unreachable,
         ] {
             assert!(
                 matches!(
@@ -330,6 +338,7 @@ mod tests {
         let at = |state| next(&row(false), Some(&node(state)), None, RULES, 2_000);
         assert_eq!(at(NodeState::Validating), Next::Validating);
         assert_eq!(at(NodeState::Provisioning), Next::Validating);
+        assert_eq!(at(NodeState::Unreachable), Next::Wait);
         assert!(matches!(
             at(NodeState::ValidationFailed),
             Next::End { resume: false, .. }

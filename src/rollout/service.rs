@@ -270,6 +270,29 @@ impl RolloutService {
 }
 
 impl RolloutService {
+    /// Whether rollout `id`, which holds `mac`, will still reimage it: running (or
+    /// rolling back) with the node's step not yet past its reimage.
+    async fn will_reimage(&self, id: i64, mac: &crate::api::Mac) -> Result<bool, StoreError> {
+        let Some((rollout, steps)) = self.store.rollout(id).await? else {
+            return Ok(false);
+        };
+        let moving = matches!(
+            rollout.state,
+            RolloutState::Running | RolloutState::RollingBack
+        );
+        let ahead = steps.iter().find(|s| s.mac == *mac).is_some_and(|s| {
+            matches!(
+                s.status,
+                StepStatus::Pending
+                    | StepStatus::Draining
+                    | StepStatus::Reimaging
+                    | StepStatus::RollbackPending
+                    | StepStatus::RollingBack
+            )
+        });
+        Ok(moving && ahead)
+    }
+
     /// An aborted rollout's nodes that its scheduler was asked to drain (draining, or
     /// reimaging now) are handed back at once: no controller looks at an ended rollout.
     /// A scheduler that refuses costs an event, not the abort.
@@ -400,8 +423,10 @@ impl crate::node::reimage::DrainFirst for RolloutService {
             Ok(None) => return Ok(false),
             Err(e) => return Err(ReimageError::Conflict(e.to_string())),
         };
-        if let Some(id) = self.store.claimed_by(&node.mac).await? {
-            tracing::info!(mac = %node.mac, rollout = id, "health revalidation left to the rollout that holds the node");
+        if let Some(id) = self.store.claimed_by(&node.mac).await?
+            && self.will_reimage(id, &node.mac).await?
+        {
+            tracing::info!(mac = %node.mac, rollout = id, "health revalidation left to the rollout that reimages the node");
             return Ok(false);
         }
         let event = crate::api::event::HealthDrainData {
@@ -441,27 +466,14 @@ impl crate::node::reimage::DrainFirst for RolloutService {
         if let Some(id) = self.store.claimed_by(&node.mac).await? {
             // A rollout that will still reimage the node carries the request; one that
             // will not (stopped, or done with the node) would only hide it.
+            if self.will_reimage(id, &node.mac).await? && image.is_none() {
+                return Ok(answer(id));
+            }
             let held = self.store.rollout(id).await?;
             let step = held
                 .as_ref()
                 .and_then(|(_, steps)| steps.iter().find(|s| s.mac == node.mac))
                 .map(|s| s.status);
-            let moving = held.as_ref().is_some_and(|(r, _)| {
-                matches!(r.state, RolloutState::Running | RolloutState::RollingBack)
-            });
-            let ahead = step.is_some_and(|s| {
-                matches!(
-                    s,
-                    StepStatus::Pending
-                        | StepStatus::Draining
-                        | StepStatus::Reimaging
-                        | StepStatus::RollbackPending
-                        | StepStatus::RollingBack
-                )
-            });
-            if moving && ahead && image.is_none() {
-                return Ok(answer(id));
-            }
             let state = held.map_or("gone".to_string(), |(r, _)| r.state.to_string());
             return Err(ReimageError::Conflict(format!(
                 "node {} is held by rollout {id} ({state}, its step {}): it will not take this reimage; let it end, or abort it",

@@ -394,6 +394,14 @@ async fn validate_with_gemm(n: &FakeNode<'_>, image: &Value, gemm: f64) -> Boot 
 async fn a_slow_node_is_degraded_until_it_revalidates_at_its_peers_speed() {
     let server = TestServer::start_configured(|cfg| {
         cfg.health.grey.action = Action::Degrade;
+        cfg.health.rules = vec![Rule::new(
+            "hot",
+            Condition::Throttled {
+                for_secs: 1,
+                reasons: vec!["HW_THERMAL_SLOWDOWN".into()],
+            },
+            Action::Degrade,
+        )];
     })
     .await;
     let (image, macs) = fleet_of(&server, "25", 12).await;
@@ -484,6 +492,42 @@ async fn a_slow_node_is_degraded_until_it_revalidates_at_its_peers_speed() {
     let (status, answer) = n.heartbeat(&boots[drifting], Some(facts)).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(n.state().await, "drifted", "{answer}");
+
+    // A heartbeat rule's degrade outlives a passed revalidation while it still holds.
+    let (i, hot, boots, macs) = (8usize, &nodes[8], &boots, &macs);
+    let beat = |round: u64| async move {
+        let body = heartbeat_body(&boots[i], &macs[i], Some(Sick::Hot), round);
+        let (status, answer) = hot
+            .agent_post("/api/v1/agent/heartbeat", &boots[i].token, body)
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        answer["action"].as_str().unwrap().to_string()
+    };
+    beat(1).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    beat(2).await;
+    assert_eq!(hot.state().await, "degraded");
+    server
+        .post_json(&format!("/api/v1/nodes/{}/revalidate", macs[i]))
+        .await;
+    assert_eq!(beat(3).await, "revalidate");
+    let mut report = healthy();
+    report["figures"] = json!([{ "name": "gemm_tflops", "value": 702.0 }]);
+    let (status, verdict) = hot.validate(&boots[i], report).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    let node = hot.node().await;
+    assert_eq!(node["state"], "degraded", "{node}");
+    assert!(
+        node["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("still holds"),
+        "{node}"
+    );
     drop(nodes);
     server.stop().await;
 }

@@ -229,7 +229,14 @@ async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
     // A job on the node; then the rollout.
     let job = slurm.run(
         "sbatch",
-        &["--parsable", "-w", "bfnode1", "--wrap", "sleep 6"],
+        &[
+            "--parsable",
+            "--output=/dev/null",
+            "-w",
+            "bfnode1",
+            "--wrap",
+            "sleep 6",
+        ],
     );
     let job = job.trim().to_string();
     wait_for(|| slurm.job(&job) == "R", 30, "the job running");
@@ -394,7 +401,14 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
 
     let job = slurm.run(
         "sbatch",
-        &["--parsable", "-w", "bfnode1", "--wrap", "sleep 6"],
+        &[
+            "--parsable",
+            "--output=/dev/null",
+            "-w",
+            "bfnode1",
+            "--wrap",
+            "sleep 6",
+        ],
     );
     let job = job.trim().to_string();
     wait_for(|| slurm.job(&job) == "R", 30, "the job running");
@@ -477,5 +491,27 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
         "sent to validate while the job ran"
     );
     assert_eq!(node.state().await, "ready");
+
+    // An admin's revalidation of a node in service drains it first too.
+    let answer = server
+        .post_json(&format!("/api/v1/nodes/{mac}/revalidate"))
+        .await;
+    assert_eq!(answer["outcome"], "draining", "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while beat(None, 0).await != "revalidate" {
+        assert!(Instant::now() < deadline, "never asked to revalidate");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, verdict) = node.validate(boot, healthy()).await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &json!(true)),
+        "{verdict}"
+    );
+    wait_for(
+        || !slurm.state().contains("DRAIN"),
+        30,
+        "bfnode1 handed back after the admin's revalidation",
+    );
     server.stop().await;
 }

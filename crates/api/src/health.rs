@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 pub struct HealthVerdict {
     /// The rule (`[health] rules`), as named in its config.
     pub rule: String,
-    /// `flag`, `revalidate`, `reimage` or `quarantine`.
+    /// `flag`, `degrade`, `revalidate`, `reimage` or `quarantine`.
     pub action: String,
     /// What it is about: `gpu 3 (GPU-...)`, `port mlx5_0/1`, or `node`.
     pub subject: String,

@@ -284,7 +284,8 @@ pub struct ReimageAccepted {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RevalidateAccepted {
-    /// `revalidate-requested`.
+    /// `revalidate-requested` (its next heartbeat), or `draining` (a ready node with a
+    /// workload scheduler: drained first, validated once drained, handed back once ready).
     pub outcome: String,
     pub node: Mac,
 }

@@ -222,8 +222,29 @@ impl NodeService {
             .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))
     }
 
-    /// The node's next heartbeat answers "revalidate".
+    /// The node's next heartbeat answers "revalidate"; a node in service with a workload
+    /// scheduler is drained first (`draining`), as a health rule's revalidation is.
     pub async fn revalidate(&self, mac: &Mac) -> Result<RevalidateAccepted, AdminError> {
+        let node = self
+            .store
+            .node(mac)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("no node {mac}")))?;
+        if matches!(
+            node.state,
+            crate::api::NodeState::Ready | crate::api::NodeState::Degraded
+        ) && let Some(drain) = &self.reimage.drain_first
+            && drain.drains(&node)
+        {
+            drain
+                .revalidate_after_drain(&node, "asked through the API")
+                .await
+                .map_err(|e| AdminError::Conflict(e.to_string()))?;
+            return Ok(RevalidateAccepted {
+                outcome: "draining".into(),
+                node: *mac,
+            });
+        }
         if !self.store.request_revalidate(mac).await? {
             return Err(AdminError::NotFound(format!("no node {mac}")));
         }

@@ -26,6 +26,39 @@ fn rank(a: Action) -> u8 {
 }
 
 impl NodeService {
+    /// A passed validation does not clear what a heartbeat rule still sees (a GPU still
+    /// throttling): a `degrade` verdict of this boot that still holds degrades the node
+    /// again. Figures were judged afresh by the validation itself.
+    pub(super) async fn degrade_again(
+        &self,
+        mac: &crate::api::Mac,
+        boot_id: &str,
+    ) -> Result<(), AttestError> {
+        let Some(view) = self.health.view(mac) else {
+            return Ok(());
+        };
+        let held = view
+            .verdicts
+            .iter()
+            .find(|v| v.action == Action::Degrade.as_str() && v.rule != crate::health::peers::RULE);
+        let Some(v) = held.filter(|_| view.boot_id == boot_id) else {
+            return Ok(());
+        };
+        let reason = format!(
+            "boot {boot_id}: health rule {} still holds: {}",
+            v.rule, v.summary
+        );
+        match self
+            .controller
+            .apply(mac, NodeEvent::DegradationFound, &reason)
+            .await
+        {
+            // Not ready any more (degraded by its figures, moved on): nothing to add.
+            Ok(_) | Err(crate::node::controller::ControlError::NotAllowed(_)) => Ok(()),
+            Err(e) => Err(super::BootError::from(e).into()),
+        }
+    }
+
     /// A passed validation's performance figures against the node's peers'; a slow
     /// node's verdict (this one's, or a peer's once the group grew enough to judge it)
     /// is held with the node's other verdicts and acted on.

@@ -105,10 +105,13 @@ impl NodeService {
         self.time_validated(&facts, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
-        } else if !req.report.figures.is_empty() {
-            let image = boot.image.to_string();
-            self.judge_figures(&node, &req.boot_id, &image, &req.report.figures)
-                .await?;
+        } else {
+            if !req.report.figures.is_empty() {
+                let image = boot.image.to_string();
+                self.judge_figures(&node, &req.boot_id, &image, &req.report.figures)
+                    .await?;
+            }
+            self.degrade_again(mac, &req.boot_id).await?;
         }
         Ok(verdict)
     }
