@@ -168,6 +168,19 @@ impl TestServer {
         assert_eq!(r.status(), 200, "assign {image} to {mac}");
     }
 
+    /// Sets label `key=value` on node `mac`; asserts it was accepted.
+    pub async fn label(&self, mac: &str, key: &str, value: &str) {
+        let r = self
+            .http
+            .patch(self.url(&format!("/api/v1/nodes/{mac}/labels")))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "set": { key: value } }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "label {key}={value} on {mac}");
+    }
+
     /// POSTs to an admin route with no body; returns the JSON answer.
     pub async fn post_json(&self, path: &str) -> serde_json::Value {
         self.post(path).send().await.unwrap().json().await.unwrap()

@@ -23,18 +23,6 @@ async fn publish_tagged(server: &TestServer, version: &str, seed: u64) -> Value 
     image
 }
 
-async fn label(server: &TestServer, mac: &str, key: &str, value: &str) {
-    let r = server
-        .http
-        .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
-        .bearer_auth(&server.token)
-        .json(&json!({ "set": { key: value } }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-}
-
 async fn events(server: &TestServer, query: &str) -> Vec<Value> {
     let (status, page) = server.json(&format!("/api/v1/events{query}")).await;
     assert_eq!(status, 200, "{page}");
@@ -219,7 +207,7 @@ async fn drift_is_named_and_by_policy_reimages_to_ready_on_a_new_digest() {
     for n in [&batch, &training] {
         server.assign(&n.mac, "demo:stable").await;
     }
-    label(&server, &batch.mac, "pool", "batch").await;
+    server.label(&batch.mac, "pool", "batch").await;
     let b1 = batch.boot_to_ready(&v1).await;
     let t1 = training.boot_to_ready(&v1).await;
 

@@ -224,18 +224,6 @@ async fn scrape(server: &TestServer, path: &str, token: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-async fn label(server: &TestServer, mac: &str, rack: &str) {
-    let r = server
-        .http
-        .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
-        .bearer_auth(&server.token)
-        .json(&json!({ "set": { "rack": rack } }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-}
-
 /// A heartbeat carrying the readings of the fixture's 8 GPUs, with one XID on GPU 3.
 async fn heartbeat_with_gpus(
     server: &TestServer,
@@ -300,7 +288,9 @@ async fn prometheus_scrapes_a_booted_fleet_and_promql_counts_it() {
         if i == 5 {
             continue;
         }
-        label(&server, mac, if i < 3 { "r1" } else { "r2" }).await;
+        server
+            .label(mac, "rack", if i < 3 { "r1" } else { "r2" })
+            .await;
         server.assign(mac, "demo:1.0").await;
         if i < 4 {
             let boot = node.boot_to_ready(&image).await;

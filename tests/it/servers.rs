@@ -59,15 +59,7 @@ async fn two_servers_share_one_state_and_one_disruption_budget() {
     for (i, m) in macs.iter().enumerate() {
         let (writer, other) = if i % 2 == 0 { (a, b) } else { (b, a) };
         writer.assign(m, "demo:stable").await;
-        let r = other
-            .http
-            .patch(other.url(&format!("/api/v1/nodes/{m}/labels")))
-            .bearer_auth(&other.token)
-            .json(&serde_json::json!({ "set": { "rack": "r1" } }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        other.label(m, "rack", "r1").await;
     }
     // Every node of the rack asked to reimage at once, through both servers.
     let asks = macs.iter().enumerate().map(|(i, m)| {

@@ -166,6 +166,25 @@ impl Slurm {
             .to_string()
     }
 
+    /// A job of `secs` seconds on bfnode1, once it runs; its id.
+    pub fn start_job(&self, secs: u32) -> String {
+        let wrap = format!("sleep {secs}");
+        let job = self.run(
+            "sbatch",
+            &[
+                "--parsable",
+                "--output=/dev/null",
+                "-w",
+                "bfnode1",
+                "--wrap",
+                &wrap,
+            ],
+        );
+        let job = job.trim().to_string();
+        wait_for(|| self.job(&job) == "R", 30, "the job running");
+        job
+    }
+
     /// The job's state letter in squeue (R, PD), or "" once it has left the queue.
     pub fn job(&self, id: &str) -> String {
         self.run("squeue", &["-h", "-j", id, "-o", "%t"])
@@ -227,19 +246,7 @@ async fn a_running_job_delays_the_drain_and_the_node_is_resumed_after_ready() {
     }
 
     // A job on the node; then the rollout.
-    let job = slurm.run(
-        "sbatch",
-        &[
-            "--parsable",
-            "--output=/dev/null",
-            "-w",
-            "bfnode1",
-            "--wrap",
-            "sleep 6",
-        ],
-    );
-    let job = job.trim().to_string();
-    wait_for(|| slurm.job(&job) == "R", 30, "the job running");
+    let job = slurm.start_job(6);
     let (s, started) = fleet
         .admin(
             reqwest::Method::POST,
@@ -378,15 +385,7 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
     node.script().await;
     server.assign(mac, "gpu:stable").await;
     for (key, value) in [("scheduler", "slurm"), ("slurm-node", "bfnode1")] {
-        let r = server
-            .http
-            .patch(server.url(&format!("/api/v1/nodes/{mac}/labels")))
-            .bearer_auth(&server.token)
-            .json(&json!({ "set": { key: value } }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        server.label(mac, key, value).await;
     }
     let boot = node.boot_to_ready(&image).await;
     let (boot, node) = (&boot, &node);
@@ -399,19 +398,7 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
         answer["action"].as_str().unwrap().to_string()
     };
 
-    let job = slurm.run(
-        "sbatch",
-        &[
-            "--parsable",
-            "--output=/dev/null",
-            "-w",
-            "bfnode1",
-            "--wrap",
-            "sleep 6",
-        ],
-    );
-    let job = job.trim().to_string();
-    wait_for(|| slurm.job(&job) == "R", 30, "the job running");
+    let job = slurm.start_job(6);
 
     // Corrected ECC climbing: the verdict asks for a drain, not a validation.
     for round in 1..=3 {

@@ -312,15 +312,9 @@ async fn a_debian_root_boots_in_two_stages_resumes_a_cut_and_refuses_a_flipped_b
     ];
     let cached = format!("52:54:00:e5:{n:02x}:04");
     server.assign(&cached, "debian:stable").await;
-    let r = server
-        .http
-        .patch(server.url(&format!("/api/v1/nodes/{cached}/labels")))
-        .bearer_auth(&server.token)
-        .json(&json!({ "set": { "rootfs-cache": "bootfleet-cache" } }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    server
+        .label(&cached, "rootfs-cache", "bootfleet-cache")
+        .await;
     let (node, vm) = boot_until(
         &mut segment,
         &server,

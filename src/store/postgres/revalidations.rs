@@ -9,6 +9,27 @@ use crate::api::event::{HealthDrainData, kind};
 use crate::clock::now_ms;
 use crate::store::{RevalidationDrain, RevalidationStore, StoreError, rows};
 
+impl PgStore {
+    /// Commits `tx` with its `health.drain` event when it `changed` a row; else drops
+    /// it (rolled back): nothing happened, nothing to say.
+    async fn commit_with_event(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        changed: bool,
+        mac: &Mac,
+        event: &HealthDrainData,
+        at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        if !changed {
+            return Ok(false);
+        }
+        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, at_ms).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl RevalidationStore for PgStore {
     async fn queue_revalidation_drain(
@@ -28,13 +49,8 @@ impl RevalidationStore for PgStore {
         .bind(now_ms)
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
     }
 
     async fn revalidation_drains(&self) -> Result<Vec<RevalidationDrain>, StoreError> {
@@ -71,13 +87,8 @@ impl RevalidationStore for PgStore {
         .bind(mac.to_string())
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
     }
 
     async fn end_revalidation_drain(
@@ -90,13 +101,7 @@ impl RevalidationStore for PgStore {
             .bind(mac.to_string())
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms())
-            .await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms())
+            .await
     }
 }

@@ -9,6 +9,28 @@ use crate::api::event::{HealthDrainData, kind};
 use crate::clock::now_ms;
 use crate::store::{RevalidationDrain, RevalidationStore, StoreError, rows};
 
+impl SqliteStore {
+    /// Commits `tx` with its `health.drain` event when it `changed` a row; else
+    /// abandons it: nothing happened, nothing to say.
+    async fn commit_with_event(
+        &self,
+        mut tx: super::WriteTx,
+        changed: bool,
+        mac: &Mac,
+        event: &HealthDrainData,
+        at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        if !changed {
+            tx.abandon().await?;
+            return Ok(false);
+        }
+        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, at_ms).await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl RevalidationStore for SqliteStore {
     async fn queue_revalidation_drain(
@@ -28,14 +50,8 @@ impl RevalidationStore for SqliteStore {
         .bind(now_ms)
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.abandon().await?;
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
     }
 
     async fn revalidation_drains(&self) -> Result<Vec<RevalidationDrain>, StoreError> {
@@ -72,14 +88,8 @@ impl RevalidationStore for SqliteStore {
         .bind(mac.to_string())
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() == 0 {
-            tx.abandon().await?;
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
     }
 
     async fn end_revalidation_drain(
@@ -92,14 +102,7 @@ impl RevalidationStore for SqliteStore {
             .bind(mac.to_string())
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            tx.abandon().await?;
-            return Ok(false);
-        }
-        super::events::insert_event(&mut tx, kind::HEALTH_DRAIN, Some(mac), event, now_ms())
-            .await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(true)
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms())
+            .await
     }
 }
