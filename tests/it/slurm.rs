@@ -434,27 +434,26 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
     }
     assert!(seen_drain, "Slurm never showed the drain while the job ran");
 
-    // The job is over: drained, so the next heartbeats ask for the revalidation.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if beat(None, 0).await == "revalidate" {
-            break;
+    // Once drained, a heartbeat asks for the revalidation; it passes; the node goes back.
+    let revalidated = |what: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while beat(None, 0).await != "revalidate" {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: never asked to revalidate"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(Instant::now() < deadline, "never asked to revalidate");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(node.state().await, "validating");
-    let (status, verdict) = node.validate(boot, healthy()).await;
-    assert_eq!(
-        (status, &verdict["passed"]),
-        (200, &json!(true)),
-        "{verdict}"
-    );
-    wait_for(
-        || !slurm.state().contains("DRAIN"),
-        30,
-        "bfnode1 handed back to Slurm",
-    );
+        assert_eq!(node.state().await, "validating");
+        let (status, verdict) = node.validate(boot, healthy()).await;
+        assert_eq!(
+            (status, &verdict["passed"]),
+            (200, &json!(true)),
+            "{verdict}"
+        );
+        wait_for(|| !slurm.state().contains("DRAIN"), 30, what);
+    };
+    revalidated("the job is over: bfnode1 handed back to Slurm").await;
 
     let (_, page) = server
         .json(&format!("/api/v1/events?since=0&limit=1000&node={mac}"))
@@ -484,21 +483,6 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
         .post_json(&format!("/api/v1/nodes/{mac}/revalidate"))
         .await;
     assert_eq!(answer["outcome"], "draining", "{answer}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while beat(None, 0).await != "revalidate" {
-        assert!(Instant::now() < deadline, "never asked to revalidate");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let (status, verdict) = node.validate(boot, healthy()).await;
-    assert_eq!(
-        (status, &verdict["passed"]),
-        (200, &json!(true)),
-        "{verdict}"
-    );
-    wait_for(
-        || !slurm.state().contains("DRAIN"),
-        30,
-        "bfnode1 handed back after the admin's revalidation",
-    );
+    revalidated("bfnode1 handed back after the admin's revalidation").await;
     server.stop().await;
 }
