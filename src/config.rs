@@ -89,6 +89,9 @@ pub struct FileConfig {
     /// `[health]`: the rules that judge heartbeat readings over time, and their actions.
     #[serde(default)]
     pub health: crate::health::HealthSettings,
+    /// `[fabric]`: the InfiniBand cabling validation checks nodes against.
+    #[serde(default)]
+    pub fabric: crate::fabric::FabricSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -248,6 +251,7 @@ pub struct ServerConfig {
     pub drain: crate::rollout::drain::DrainSettings,
     pub metrics: crate::metrics::MetricsSettings,
     pub health: crate::health::HealthSettings,
+    pub fabric: crate::fabric::FabricSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -318,6 +322,7 @@ impl ServerConfig {
             drain: file.drain,
             metrics: file.metrics,
             health: file.health,
+            fabric: file.fabric,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod dhcp;
 pub mod events;
+pub mod fabric;
 pub mod health;
 pub mod heap;
 pub mod http;

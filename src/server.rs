@@ -132,6 +132,11 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         health: std::sync::Arc::new(crate::health::Health::new(cfg.health.clone())),
         liveness: Default::default(),
         baselines: Default::default(),
+        fabric: cfg
+            .fabric
+            .load()
+            .map_err(|e| anyhow::anyhow!(e))?
+            .map(std::sync::Arc::new),
     };
     let secrets = cfg
         .power

@@ -69,6 +69,11 @@ struct Args {
     /// .tflops'`); the server compares it with the node's peers' to find slow nodes.
     #[arg(long = "figure", value_name = "NAME=COMMAND", value_parser = figure_arg)]
     figures: Vec<(String, String)>,
+    /// At validation, ask the fabric what each InfiniBand port's cable reaches (a
+    /// directed-route SMP per port: `smpquery`, from infiniband-diags; needs root), so the
+    /// server can check the cabling against the topology it was given.
+    #[arg(long)]
+    ib_peers: bool,
     #[command(subcommand)]
     stage: Option<StageOne>,
 }
@@ -163,6 +168,7 @@ fn main() -> ExitCode {
             .probe
             .map(|c| (c, Duration::from_secs(args.probe_timeout_secs))),
         figures: args.figures,
+        ib_peers: args.ib_peers,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -396,7 +396,7 @@ fn ib_samples(count: usize) -> Vec<crate::api::agent::IbPortSample> {
             symbol_errors: Some(0),
             link_error_recovery: Some(0),
             rcv_errors: Some(0),
-            missing: vec![],
+            ..Default::default()
         })
         .collect()
 }

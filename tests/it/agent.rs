@@ -14,7 +14,7 @@ fn agent_bin() -> &'static Path {
 }
 
 /// A node's /proc, /sys and /dev/kmsg as the agent reads them.
-fn node_root(boot: &Boot, kmsg: &str) -> tempfile::TempDir {
+pub(crate) fn node_root(boot: &Boot, kmsg: &str) -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
     let w = |p: &str, s: &str| {
         let path = root.path().join(p);
@@ -37,8 +37,19 @@ fn node_root(boot: &Boot, kmsg: &str) -> tempfile::TempDir {
 }
 
 async fn run_agent(root: &Path, readings: Option<&Path>, extra: &[&str]) -> (i32, String) {
+    run_agent_with(root, readings, extra, &[]).await
+}
+
+/// As `run_agent`, with `envs` set for the agent (and what it runs).
+pub(crate) async fn run_agent_with(
+    root: &Path,
+    readings: Option<&Path>,
+    extra: &[&str],
+    envs: &[(&str, std::ffi::OsString)],
+) -> (i32, String) {
     let mut cmd = tokio::process::Command::new(agent_bin());
     cmd.arg("--root").arg(root).arg("--once").args(extra);
+    cmd.envs(envs.iter().map(|(k, v)| (*k, v)));
     if let Some(r) = readings {
         cmd.arg("--gpu-readings").arg(r);
     }
@@ -54,13 +65,17 @@ async fn run_agent(root: &Path, readings: Option<&Path>, extra: &[&str]) -> (i32
     )
 }
 
-fn readings_file(dir: &Path, report: &Value) -> std::path::PathBuf {
+pub(crate) fn readings_file(dir: &Path, report: &Value) -> std::path::PathBuf {
     let path = dir.join("readings.json");
     std::fs::write(&path, report.to_string()).unwrap();
     path
 }
 
-async fn booted<'a>(server: &'a TestServer, mac: &str, tag: &str) -> (FakeNode<'a>, Boot) {
+pub(crate) async fn booted<'a>(
+    server: &'a TestServer,
+    mac: &str,
+    tag: &str,
+) -> (FakeNode<'a>, Boot) {
     let node = FakeNode::new(server, mac);
     server.assign(mac, tag).await;
     let boot = node.boot().await;

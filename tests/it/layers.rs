@@ -24,6 +24,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("store", &["api", "audit", "clock"]),
     ("leader", &["clock", "store"]),
     ("health", &["api", "clock"]),
+    ("fabric", &["api"]),
     (
         "metrics",
         &["api", "auth", "clock", "dhcp", "store", "tftp"],
@@ -36,8 +37,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "node",
         &[
-            "api", "clock", "boot", "dhcp", "health", "image", "leader", "metrics", "registry",
-            "store",
+            "api", "clock", "boot", "dhcp", "fabric", "health", "image", "leader", "metrics",
+            "registry", "store",
         ],
     ),
     (
@@ -80,8 +81,8 @@ const RULES: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "api", "dhcp", "events", "health", "http", "image", "metrics", "node", "power",
-            "rollout", "store", "tftp",
+            "api", "dhcp", "events", "fabric", "health", "http", "image", "metrics", "node",
+            "power", "rollout", "store", "tftp",
         ],
     ),
     (

@@ -8,6 +8,7 @@ mod deploy;
 mod dhcp_fuzz;
 mod dhcp_net;
 mod e2e;
+mod fabric;
 mod fake_node;
 mod fuzz;
 mod harness;

@@ -94,7 +94,7 @@ fn last_line(text: &str) -> Option<&str> {
 }
 
 /// Runs `program args` with a timeout; Ok(stdout) on exit 0.
-async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
+pub(crate) async fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, String> {
     let child = tokio::process::Command::new(program)
         .args(args)
         .kill_on_drop(true)

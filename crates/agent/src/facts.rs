@@ -131,10 +131,25 @@ pub fn ib_samples(root: &Path) -> Vec<bootfleet_api::agent::IbPortSample> {
                 link_error_recovery,
                 rcv_errors,
                 missing,
+                node_guid: None,
+                peer: None,
             });
         }
     }
     out
+}
+
+/// Each port's HCA node GUID (sysfs `node_guid`), for validation: the declared
+/// topology knows ports by it. Heartbeats go without (it does not change).
+pub fn ib_node_guids(root: &Path, samples: &mut [bootfleet_api::agent::IbPortSample]) {
+    for s in samples {
+        let device = s.port.split('/').next().unwrap_or_default();
+        s.node_guid = trimmed(root, &format!("sys/class/infiniband/{device}/node_guid"))
+            .and_then(|g| super::ib_peers::guid(&g));
+        if s.node_guid.is_none() {
+            s.missing.push("node_guid".into());
+        }
+    }
 }
 
 pub fn collect(root: &Path) -> SystemFacts {

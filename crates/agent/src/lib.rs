@@ -8,6 +8,7 @@ pub mod boot_params;
 pub mod checks;
 pub mod facts;
 pub mod gpu;
+pub mod ib_peers;
 pub mod run;
 pub mod stage1;
 pub mod xid;

@@ -34,6 +34,8 @@ pub struct Agent {
     /// Performance probes: each figure's name and its command (`sh -c`; the figure is the
     /// last number it prints), each given the compute probe's time.
     pub figures: Vec<(String, String)>,
+    /// At validation, ask each InfiniBand port's peer of the fabric (`ib_peers`).
+    pub ib_peers: bool,
 }
 
 /// How the conversation ended.
@@ -232,6 +234,10 @@ impl Agent {
                 .push(super::checks::probe(command, *timeout).await);
         }
         report.ib_ports = super::facts::ib_samples(&self.root);
+        super::facts::ib_node_guids(&self.root, &mut report.ib_ports);
+        if self.ib_peers {
+            super::ib_peers::query(&mut report.ib_ports).await;
+        }
         let timeout = self
             .probe
             .as_ref()

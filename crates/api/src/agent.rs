@@ -323,6 +323,27 @@ pub struct IbPortSample {
     /// Readings that could not be taken, by name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// The HCA's node GUID (`0x` and 16 hex digits), from sysfs `node_guid`: what the
+    /// declared topology knows the node's ports by. Reported at validation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_guid: Option<String>,
+    /// The node at the other end of the cable, as a directed-route SMP found it
+    /// (`bootfleet-agent --ib-peers`); at validation only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<IbPeer>,
+}
+
+/// The far end of an InfiniBand port's cable.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IbPeer {
+    /// Its node GUID, `0x` and 16 hex digits.
+    pub guid: String,
+    /// Its port the cable reaches.
+    pub port: u32,
+    /// Its node description (a switch's name), when it answered one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
 }
 
 /// What the agent reports with each heartbeat (all optional: an agent may send less).

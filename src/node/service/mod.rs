@@ -68,6 +68,8 @@ pub struct NodeService {
     pub liveness: Arc<crate::node::liveness::Liveness>,
     /// Each boot's drift baseline, read once (`heartbeat::Baselines`).
     pub baselines: heartbeat::Baselines,
+    /// The declared InfiniBand cabling validation checks ports against (`[fabric]`).
+    pub fabric: Option<Arc<crate::fabric::topology::Topology>>,
 }
 
 /// What a boot needs of an image, parsed once per digest.

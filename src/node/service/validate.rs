@@ -54,7 +54,12 @@ impl NodeService {
             return Err(Refusal::BadToken.into());
         };
         let expect = Expectations::from_manifest(&image.manifest.spec, &image.manifest.pins);
-        let verdict = judge(&req.report, &expect);
+        let mut verdict = judge(&req.report, &expect);
+        if let Some(topology) = &self.fabric {
+            let cabling = crate::fabric::cabling::check(&req.report.ib_ports, topology);
+            verdict.passed &= cabling.is_empty();
+            verdict.failures.extend(cabling);
+        }
         let gpus: Vec<&str> = req.report.gpus.iter().map(|g| g.uuid.as_str()).collect();
         let stored = serde_json::to_string(&StoredValidation {
             passed: verdict.passed,
