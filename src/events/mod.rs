@@ -97,6 +97,24 @@ pub struct Feed {
     buffered: VecDeque<Event>,
 }
 
+impl Feed {
+    /// Whether the feed's token is revoked (or gone) as the store has it now; a store
+    /// that cannot answer ends the feed too (the client reconnects through the gate).
+    async fn token_gone(&self) -> bool {
+        let Some(name) = &self.token else {
+            return false;
+        };
+        match self.store.token_named(name).await {
+            Ok(Some(row)) => row.revoked_at_ms.is_some(),
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream ends: cannot ask its token");
+                true
+            }
+        }
+    }
+}
+
 /// Whether `event` is the revocation of the API token `token`.
 fn revokes(event: &Event, token: Option<&str>) -> bool {
     token.is_some_and(|name| {
@@ -126,6 +144,13 @@ impl Feed {
                 .await
             {
                 Ok(events) if !events.is_empty() => {
+                    // Numbers have no gaps: one here is events pruned under a feed that
+                    // fell behind, its token's revocation perhaps among them. Ask the
+                    // token itself.
+                    if events[0].seq > self.cursor + 1 && self.token_gone().await {
+                        self.revoked = true;
+                        return None;
+                    }
                     self.cursor = events.last().expect("not empty").seq;
                     let (mac, token) = (self.mac.as_ref(), self.token.as_deref());
                     self.buffered.extend(

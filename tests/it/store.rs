@@ -72,6 +72,7 @@ on_both!(
     rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set,
     a_token_name_is_taken_once_and_revoked_once_with_its_actor,
     a_revalidation_behind_a_drain_is_queued_moved_and_ended_once,
+    a_feed_that_fell_behind_a_pruned_revocation_ends,
 );
 
 fn mac(i: u32) -> Mac {
@@ -1206,6 +1207,53 @@ async fn rollouts_claim_their_nodes_once_and_steps_move_by_compare_and_set(db: D
         (r2.state, steps[0].status),
         (RolloutState::Aborted, StepStatus::Reimaging)
     );
+    a.close().await;
+    b.close().await;
+}
+
+/// A stream read with a named token ends at its revocation even when the feed fell so
+/// far behind that the `token.revoked` event was pruned before it got there: the gap in
+/// the numbers makes it ask the token itself. A feed whose token stands reads on.
+async fn a_feed_that_fell_behind_a_pruned_revocation_ends(db: Db) {
+    use bootfleet::api::token::Role;
+    use bootfleet::store::TokenRow;
+    let (a, b) = (db.open().await, db.open().await);
+    for name in ["watcher", "other"] {
+        let row = TokenRow {
+            name: name.into(),
+            role: Role::ReadOnly,
+            created_at_ms: 1_000,
+            created_by: "test".into(),
+            revoked_at_ms: None,
+            revoked_by: None,
+        };
+        assert!(a.create_token(&row, &format!("hash-{name}")).await.unwrap());
+    }
+    let events = bootfleet::events::EventLog::new(b.clone());
+    let cursor = a.events_head().await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut revoked = events.feed(cursor, None, Some("watcher".into()), stop.clone());
+    let mut standing = events.feed(cursor, None, Some("other".into()), stop.clone());
+    let data = serde_json::json!({});
+    for _ in 0..3 {
+        a.record_event("test.before", None, &data).await.unwrap();
+    }
+    a.revoke_token("watcher", "test", 2_000).await.unwrap();
+    // Everything up to now is pruned (the newest is always kept: one more after it).
+    a.record_event("test.after", None, &data).await.unwrap();
+    a.record_event("test.after", None, &data).await.unwrap();
+    let head = a.events_head().await.unwrap();
+    assert!(a.prune_events(i64::MAX, 1, 1000).await.unwrap() > 0);
+    assert_eq!(a.events_since(0, 10, None).await.unwrap()[0].seq, head);
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), revoked.next())
+        .await
+        .expect("the feed answers");
+    assert!(next.is_none(), "a revoked token's feed went on: {next:?}");
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), standing.next())
+        .await
+        .expect("the feed answers")
+        .expect("a standing token's feed reads on");
+    assert_eq!((next.seq, next.kind.as_str()), (head, "test.after"));
     a.close().await;
     b.close().await;
 }
