@@ -22,6 +22,8 @@ use super::run::Controller;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
     Wait,
+    /// Its turn (within `[drain] revalidations_at_once`): ask the drain.
+    Ask,
     /// The scheduler does not know of the drain (asked before a restart, or resumed by
     /// someone): ask again.
     AskAgain,
@@ -54,13 +56,15 @@ fn silent(state: NodeState) -> bool {
 }
 
 /// The rule, pure: `drain` is what the scheduler says (None: not asked, or it did not
-/// answer); only read for a draining node that is still ready or degraded.
+/// answer); only read for a draining node that is still ready or degraded. `room`:
+/// whether one more drain may be asked now.
 pub fn next(
     row: &RevalidationDrain,
     node: Option<&NodeRecord>,
     drain: Option<Drain>,
     rules: DrainRules,
     now_ms: i64,
+    room: bool,
 ) -> Next {
     let Some(node) = node else {
         return Next::End {
@@ -73,6 +77,19 @@ pub fn next(
         step: "left-drained",
         why: format!("it is {}: {}", node.state, node.state_reason),
         resume: false,
+    };
+    let Some(asked_at_ms) = row.asked_at_ms else {
+        // Waiting its turn: nothing drained yet, so nothing to hand back.
+        return match node.state {
+            NodeState::Ready | NodeState::Degraded if room => Next::Ask,
+            NodeState::Ready | NodeState::Degraded => Next::Wait,
+            s if silent(s) => Next::Wait,
+            s => Next::End {
+                step: "dropped",
+                why: format!("it is {s} before its turn: nothing was drained"),
+                resume: false,
+            },
+        };
     };
     if row.validating_at_ms.is_some() {
         return match node.state {
@@ -90,7 +107,7 @@ pub fn next(
     if drain == Some(Drain::Drained) {
         return Next::Revalidate;
     }
-    if now_ms - row.asked_at_ms > rules.timeout_ms {
+    if now_ms - asked_at_ms > rules.timeout_ms {
         match rules.on_timeout {
             DrainTimeout::Skip => {
                 return Next::End {
@@ -112,6 +129,25 @@ pub fn next(
     Next::Wait
 }
 
+/// Asks `node`'s scheduler for the drain; a refusal is logged (the next look, finding it
+/// not draining, asks again).
+async fn ask_drain(
+    scheduler: Option<&dyn super::drain::Scheduler>,
+    node: Option<&NodeRecord>,
+    row: &RevalidationDrain,
+) {
+    if let (Some(s), Some(n)) = (scheduler, node)
+        && let Err(e) = s
+            .drain(
+                &Target::from(n),
+                &format!("bootfleet revalidation: {}", row.reason),
+            )
+            .await
+    {
+        tracing::warn!(mac = %row.mac, error = %e, "cannot ask for the drain; asking again next tick");
+    }
+}
+
 impl Controller {
     /// One look at every queued revalidation; how many there were.
     pub(super) async fn tick_revalidations(&self) -> Result<usize, StoreError> {
@@ -127,22 +163,32 @@ impl Controller {
             .into_iter()
             .map(|n| (n.mac, n))
             .collect();
+        // Oldest first: each waiting one takes a free place in turn.
+        let asked = rows.iter().filter(|r| r.asked_at_ms.is_some()).count();
+        let mut room = self.drain.revalidations_at_once.saturating_sub(asked);
         for row in &rows {
             // One node's trouble is logged and does not stop the others.
-            if let Err(e) = self.revalidation(row, nodes.get(&row.mac)).await {
-                tracing::warn!(mac = %row.mac, error = %e, "revalidation behind a drain: a look failed; trying again next tick");
+            match self.revalidation(row, nodes.get(&row.mac), room > 0).await {
+                Ok(true) => room = room.saturating_sub(1),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(mac = %row.mac, error = %e, "revalidation behind a drain: a look failed; trying again next tick");
+                }
             }
         }
         Ok(rows.len())
     }
 
+    /// One look at `row`; true when it took a place (its drain was asked now).
     async fn revalidation(
         &self,
         row: &RevalidationDrain,
         node: Option<&NodeRecord>,
-    ) -> Result<(), StoreError> {
+        room: bool,
+    ) -> Result<bool, StoreError> {
         let scheduler = node.and_then(|n| self.schedulers.of(n).ok().flatten());
-        let asks_scheduler = row.validating_at_ms.is_none()
+        let asks_scheduler = row.asked_at_ms.is_some()
+            && row.validating_at_ms.is_none()
             && node.is_some_and(|n| matches!(n.state, NodeState::Ready | NodeState::Degraded));
         let drain = match (scheduler, node) {
             (Some(s), Some(n)) if asks_scheduler => match s.state(&Target::from(n)).await {
@@ -158,20 +204,25 @@ impl Controller {
             step: step.into(),
             reason,
         };
-        match next(row, node, drain, self.drain.rules(), now_ms()) {
-            Next::Wait => Ok(()),
-            Next::AskAgain => {
-                if let (Some(s), Some(n)) = (scheduler, node)
-                    && let Err(e) = s
-                        .drain(
-                            &Target::from(n),
-                            &format!("bootfleet revalidation: {}", row.reason),
-                        )
-                        .await
+        match next(row, node, drain, self.drain.rules(), now_ms(), room) {
+            Next::Wait => Ok(false),
+            Next::Ask => {
+                // Marked first: a restart before the ask finds the scheduler not
+                // draining, and asks again (`AskAgain`).
+                let reason = row.reason.clone();
+                if !self
+                    .store
+                    .revalidation_asked(&row.mac, now_ms(), &event("asked", reason))
+                    .await?
                 {
-                    tracing::warn!(mac = %row.mac, error = %e, "cannot ask for the drain");
+                    return Ok(false);
                 }
-                Ok(())
+                ask_drain(scheduler, node, row).await;
+                Ok(true)
+            }
+            Next::AskAgain => {
+                ask_drain(scheduler, node, row).await;
+                Ok(false)
             }
             Next::Revalidate => {
                 // The flag first, then the move, then the row: a restart anywhere in
@@ -189,29 +240,31 @@ impl Controller {
                     Err(e) => {
                         tracing::info!(mac = %row.mac, error = %e, "revalidation behind a drain: the node moved");
                         self.store.take_revalidate(&row.mac).await?;
-                        return Ok(());
+                        return Ok(false);
                     }
                 }
                 self.store
                     .revalidation_validating(&row.mac, now_ms(), &event("revalidating", reason))
                     .await?;
-                Ok(())
+                Ok(false)
             }
             Next::Validating => {
                 let reason = "a validation under way counts as the revalidation".to_string();
                 self.store
                     .revalidation_validating(&row.mac, now_ms(), &event("revalidating", reason))
                     .await?;
-                Ok(())
+                Ok(false)
             }
             Next::Resume => {
                 let why = "ready again".to_string();
                 self.end_revalidation(row, node, scheduler, "resumed", why, true)
-                    .await
+                    .await?;
+                Ok(false)
             }
             Next::End { step, why, resume } => {
                 self.end_revalidation(row, node, scheduler, step, why, resume)
-                    .await
+                    .await?;
+                Ok(false)
             }
         }
     }
@@ -263,7 +316,8 @@ mod tests {
         RevalidationDrain {
             mac: "02:00:00:00:00:01".parse().unwrap(),
             reason: "ecc-rising".into(),
-            asked_at_ms: 1_000,
+            queued_at_ms: 500,
+            asked_at_ms: Some(1_000),
             validating_at_ms: validating.then_some(2_000),
         }
     }
@@ -287,7 +341,7 @@ mod tests {
     #[test]
     fn validation_waits_for_the_drain() {
         let ready = node(NodeState::Ready);
-        let at = |d| next(&row(false), Some(&ready), d, RULES, 2_000);
+        let at = |d| next(&row(false), Some(&ready), d, RULES, 2_000, false);
         assert_eq!(at(Some(Drain::Draining)), Next::Wait);
         assert_eq!(at(None), Next::Wait);
         assert_eq!(at(Some(Drain::NotDraining)), Next::AskAgain);
@@ -299,15 +353,45 @@ mod tests {
                 Some(&degraded),
                 Some(Drain::Drained),
                 RULES,
-                2_000
+                2_000,
+                false
             ),
             Next::Revalidate
         );
     }
 
     #[test]
+    fn a_queued_one_waits_its_turn_and_is_dropped_if_the_node_moves() {
+        let mut waiting = row(false);
+        waiting.asked_at_ms = None;
+        let at = |state, room| next(&waiting, Some(&node(state)), None, RULES, 60_000, room);
+        assert_eq!(at(NodeState::Ready, true), Next::Ask);
+        assert_eq!(at(NodeState::Degraded, true), Next::Ask);
+        // No place free: it waits, and its drain timeout has not started.
+        assert_eq!(at(NodeState::Ready, false), Next::Wait);
+        assert_eq!(at(NodeState::Unreachable, true), Next::Wait);
+        for state in [
+            NodeState::Validating,
+            NodeState::Reimaging,
+            NodeState::Quarantined,
+        ] {
+            assert!(
+                matches!(
+                    at(state, true),
+                    Next::End {
+                        step: "dropped",
+                        resume: false,
+                        ..
+                    }
+                ),
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
     fn handed_back_only_ready_after_its_validation() {
-        let at = |state| next(&row(true), Some(&node(state)), None, RULES, 3_000);
+        let at = |state| next(&row(true), Some(&node(state)), None, RULES, 3_000, false);
         assert_eq!(at(NodeState::Validating), Next::Wait);
         assert_eq!(at(NodeState::Provisioning), Next::Wait);
         assert_eq!(at(NodeState::Ready), Next::Resume);
@@ -335,7 +419,7 @@ mod tests {
 
     #[test]
     fn a_node_that_moved_while_draining() {
-        let at = |state| next(&row(false), Some(&node(state)), None, RULES, 2_000);
+        let at = |state| next(&row(false), Some(&node(state)), None, RULES, 2_000, false);
         assert_eq!(at(NodeState::Validating), Next::Validating);
         assert_eq!(at(NodeState::Provisioning), Next::Validating);
         assert_eq!(at(NodeState::Unreachable), Next::Wait);
@@ -344,7 +428,7 @@ mod tests {
             Next::End { resume: false, .. }
         ));
         assert!(matches!(
-            next(&row(false), None, None, RULES, 2_000),
+            next(&row(false), None, None, RULES, 2_000, false),
             Next::End { resume: false, .. }
         ));
     }
@@ -364,6 +448,7 @@ mod tests {
                 Some(Drain::Draining),
                 with(on_timeout),
                 late,
+                false,
             )
         };
         assert!(matches!(

@@ -418,37 +418,27 @@ impl crate::node::reimage::DrainFirst for RolloutService {
         reason: &str,
     ) -> Result<bool, crate::node::reimage::ReimageError> {
         use crate::node::reimage::ReimageError;
-        let scheduler = match self.schedulers.of(node) {
-            Ok(Some(s)) => s,
+        match self.schedulers.of(node) {
+            Ok(Some(_)) => {}
             Ok(None) => return Ok(false),
             Err(e) => return Err(ReimageError::Conflict(e.to_string())),
-        };
+        }
         if let Some(id) = self.store.claimed_by(&node.mac).await?
             && self.will_reimage(id, &node.mac).await?
         {
             tracing::info!(mac = %node.mac, rollout = id, "health revalidation left to the rollout that reimages the node");
             return Ok(false);
         }
+        // Queued only: the controller asks the drain in its turn (`[drain]
+        // revalidations_at_once`), and no scheduler's slowness holds up a heartbeat.
         let event = crate::api::event::HealthDrainData {
-            step: "asked".into(),
+            step: "queued".into(),
             reason: reason.to_string(),
         };
-        let queued = self
+        Ok(self
             .store
             .queue_revalidation_drain(&node.mac, reason, crate::clock::now_ms(), &event)
-            .await?;
-        // Written before asked: a restart in between asks again (the controller's look).
-        if queued
-            && let Err(e) = scheduler
-                .drain(
-                    &super::drain::Target::from(node),
-                    &format!("bootfleet revalidation: {reason}"),
-                )
-                .await
-        {
-            tracing::warn!(mac = %node.mac, error = %e, "cannot ask for the drain; asking again next tick");
-        }
-        Ok(queued)
+            .await?)
     }
 
     async fn reimage_after_drain(

@@ -910,7 +910,9 @@ pub trait TokenStore: Send + Sync {
 pub struct RevalidationDrain {
     pub mac: Mac,
     pub reason: String,
-    pub asked_at_ms: i64,
+    pub queued_at_ms: i64,
+    /// When its drain was asked; None while it waits its turn.
+    pub asked_at_ms: Option<i64>,
     /// When it was drained and sent to validate; None while draining.
     pub validating_at_ms: Option<i64>,
 }
@@ -926,7 +928,15 @@ pub trait RevalidationStore: Send + Sync {
         now_ms: i64,
         event: &crate::api::event::HealthDrainData,
     ) -> Result<bool, StoreError>;
+    /// Every queued one, oldest first.
     async fn revalidation_drains(&self) -> Result<Vec<RevalidationDrain>, StoreError>;
+    /// Marks its drain asked; false when it is not queued (or was asked already).
+    async fn revalidation_asked(
+        &self,
+        mac: &Mac,
+        now_ms: i64,
+        event: &crate::api::event::HealthDrainData,
+    ) -> Result<bool, StoreError>;
     /// Marks it sent to validate; false when it is not queued (or is validating already).
     async fn revalidation_validating(
         &self,

@@ -532,6 +532,115 @@ async fn a_slow_node_is_degraded_until_it_revalidates_at_its_peers_speed() {
     server.stop().await;
 }
 
+/// Revalidations behind a drain take turns: with `[drain] revalidations_at_once = 1`,
+/// three nodes whose corrected ECC climbs are drained one at a time (an operator's hook
+/// scheduler that logs what it is asked), each validated and handed back before the next
+/// is drained; no node is told to validate before its drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revalidation_drains_take_turns_within_their_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let hook = dir.path().join("hook");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nd={d}\nm=$(echo \"$BOOTFLEET_NODE_MAC\" | tr : -)\n\
+             case \"$1\" in\n\
+             drain) echo \"drain $m\" >> {log}; touch \"$d/$m\" ;;\n\
+             status) if [ -e \"$d/$m\" ]; then echo drained; else echo not-draining; fi ;;\n\
+             resume) echo \"resume $m\" >> {log}; rm -f \"$d/$m\" ;;\n\
+             esac\n",
+            d = dir.path().display(),
+            log = log.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.rollouts.tick_ms = 100;
+        cfg.drain.revalidations_at_once = 1;
+        cfg.drain.hook = Some(bootfleet::rollout::drain::hook::HookSettings {
+            command: hook.clone(),
+            timeout_secs: 10,
+        });
+        cfg.health.rules = vec![Rule::new(
+            "ecc-rising",
+            Condition::EccCorrectedRate {
+                per_hour: 36_000.0,
+                over_secs: 10,
+            },
+            Action::Revalidate,
+        )];
+    })
+    .await;
+    let (image, macs) = fleet_of(&server, "26", 3).await;
+    let nodes: Vec<FakeNode> = macs.iter().map(|m| FakeNode::new(&server, m)).collect();
+    let mut boots = Vec::new();
+    for (n, mac) in nodes.iter().zip(&macs) {
+        server.label(mac, "scheduler", "hook").await;
+        boots.push(n.boot_to_ready(&image).await);
+    }
+    let beat = |i: usize, sick: Option<Sick>, round: u64| {
+        let (n, boot, mac) = (&nodes[i], &boots[i], &macs[i]);
+        async move {
+            let body = heartbeat_body(boot, mac, sick, round);
+            let (status, answer) = n
+                .agent_post("/api/v1/agent/heartbeat", &boot.token, body)
+                .await;
+            assert_eq!(status, 200, "{answer}");
+            answer["action"].as_str().unwrap().to_string()
+        }
+    };
+    for i in 0..3 {
+        for round in 1..=3 {
+            assert_eq!(beat(i, Some(Sick::EccRising), round).await, "none");
+        }
+    }
+    // Each heartbeat round: a node told to revalidate must be the one drained, alone.
+    let mut validated = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while validated.len() < 3 {
+        assert!(Instant::now() < deadline, "validated only {validated:?}");
+        for i in 0..3 {
+            if beat(i, None, 0).await != "revalidate" {
+                continue;
+            }
+            let drained = std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|f| f.starts_with("52-54-00"))
+                .collect::<Vec<_>>();
+            assert_eq!(drained, [macs[i].clone()], "told to validate: {i}");
+            let (status, verdict) = nodes[i].validate(&boots[i], healthy()).await;
+            assert_eq!((status, &verdict["passed"]), (200, &json!(true)));
+            validated.insert(i);
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // The last one is handed back too; the log never has two drains outstanding.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().filter(|l| l.starts_with("resume")).count() == 3 {
+            let mut out = 0i32;
+            for line in text.lines() {
+                out += if line.starts_with("drain") { 1 } else { -1 };
+                assert!((0..=1).contains(&out), "two drains at once: {text}");
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every node handed back: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(nodes);
+    server.stop().await;
+}
+
 /// Fabric validation at boot: an image that wants two NDR ports at 4X; a node with a
 /// cable trained at 1X and half the rate fails validation naming that port, a node with
 /// both ports right is ready.

@@ -471,9 +471,13 @@ async fn a_health_revalidation_waits_for_the_drain_and_hands_the_node_back() {
         })
         .collect();
     let names: Vec<&str> = steps.iter().map(|(s, _)| s.as_str()).collect();
-    assert_eq!(names, ["asked", "revalidating", "resumed"], "{page}");
+    assert_eq!(
+        names,
+        ["queued", "asked", "revalidating", "resumed"],
+        "{page}"
+    );
     assert!(
-        steps[1].1 > last_seq_while_running,
+        steps[2].1 > last_seq_while_running,
         "sent to validate while the job ran"
     );
     assert_eq!(node.state().await, "ready");

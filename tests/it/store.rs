@@ -461,7 +461,7 @@ async fn a_revalidation_request_is_answered_once(db: Db) {
 }
 
 /// A health revalidation waiting on a drain: queued once per node (two servers at once:
-/// one wins), marked validating once, ended once, each with its `health.drain` event in
+/// one wins), asked once, marked validating once, ended once, each with its `health.drain` event in
 /// the same transaction; a removed node takes its row with it.
 async fn a_revalidation_behind_a_drain_is_queued_moved_and_ended_once(db: Db) {
     use bootfleet::api::event::HealthDrainData;
@@ -474,21 +474,32 @@ async fn a_revalidation_behind_a_drain_is_queued_moved_and_ended_once(db: Db) {
     for m in [&one, &two] {
         a.discover(m, None, "test").await.unwrap();
     }
-    let asked = step("asked");
+    let queued = step("queued");
     let (x, y) = tokio::join!(
-        a.queue_revalidation_drain(&one, "ecc-rising", 1_000, &asked),
-        b.queue_revalidation_drain(&one, "ecc-rising", 1_001, &asked)
+        a.queue_revalidation_drain(&one, "ecc-rising", 1_000, &queued),
+        b.queue_revalidation_drain(&one, "ecc-rising", 1_001, &queued)
     );
     assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|t| **t).count(), 1);
-    assert!(
-        b.queue_revalidation_drain(&two, "gone", 1_500, &asked)
-            .await
-            .unwrap()
-    );
+    let gone = b.queue_revalidation_drain(&two, "gone", 1_500, &queued);
+    assert!(gone.await.unwrap());
     let rows = b.revalidation_drains().await.unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
-    assert_eq!((rows[0].mac, rows[0].validating_at_ms), (one, None));
-    assert!(rows[0].asked_at_ms == 1_000 || rows[0].asked_at_ms == 1_001);
+    let first = &rows[0];
+    assert_eq!(
+        (first.mac, first.asked_at_ms, first.validating_at_ms),
+        (one, None, None)
+    );
+    assert!(first.queued_at_ms == 1_000 || first.queued_at_ms == 1_001);
+    let asked = step("asked");
+    assert!(a.revalidation_asked(&one, 1_800, &asked).await.unwrap());
+    assert!(
+        !b.revalidation_asked(&one, 1_801, &asked).await.unwrap(),
+        "once"
+    );
+    assert_eq!(
+        b.revalidation_drains().await.unwrap()[0].asked_at_ms,
+        Some(1_800)
+    );
     let moving = step("revalidating");
     assert!(
         a.revalidation_validating(&one, 2_000, &moving)
@@ -524,7 +535,10 @@ async fn a_revalidation_behind_a_drain_is_queued_moved_and_ended_once(db: Db) {
         .filter(|e| e.kind == "health.drain")
         .map(|e| e.data["step"].as_str().unwrap())
         .collect();
-    assert_eq!(steps, ["asked", "asked", "revalidating", "resumed"]);
+    assert_eq!(
+        steps,
+        ["queued", "queued", "asked", "revalidating", "resumed"]
+    );
     a.close().await;
     b.close().await;
 }

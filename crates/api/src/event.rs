@@ -140,7 +140,8 @@ pub struct BlobsCollectedData {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HealthDrainData {
-    /// `asked` (the scheduler was asked to drain the node), `revalidating` (drained: the
+    /// `queued` (waiting its turn), `asked` (the scheduler was asked to drain the node),
+    /// `dropped` (it moved before its turn: nothing drained), `revalidating` (drained: the
     /// node validates at its next heartbeat), `resumed` (ready again: handed back),
     /// `left-drained` (it did not come back ready: left out of the scheduler for a
     /// look), `timed-out` (not drained within `[drain] timeout_secs`; handed back

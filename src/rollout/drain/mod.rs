@@ -99,6 +99,9 @@ pub struct DrainSettings {
     /// Seconds a drain may take before `on_timeout` applies.
     pub timeout_secs: u64,
     pub on_timeout: DrainTimeout,
+    /// Nodes drained at once for a health rule's revalidation; more wait their turn, so
+    /// a rule that trips fleet-wide (a bad threshold) cannot empty the scheduler.
+    pub revalidations_at_once: usize,
     pub slurm: slurm::SlurmSettings,
     pub hook: Option<hook::HookSettings>,
     pub webhook: Option<webhook::WebhookSettings>,
@@ -110,6 +113,7 @@ impl Default for DrainSettings {
             label: "scheduler".into(),
             timeout_secs: 3600,
             on_timeout: DrainTimeout::Skip,
+            revalidations_at_once: 8,
             slurm: Default::default(),
             hook: None,
             webhook: None,

@@ -41,7 +41,7 @@ impl RevalidationStore for PgStore {
     ) -> Result<bool, StoreError> {
         let mut tx = self.tx().await?;
         let done = sqlx::query(
-            "INSERT INTO revalidation_drains (mac, reason, asked_at_ms) VALUES ($1, $2, $3)
+            "INSERT INTO revalidation_drains (mac, reason, queued_at_ms) VALUES ($1, $2, $3)
              ON CONFLICT (mac) DO NOTHING",
         )
         .bind(mac.to_string())
@@ -54,22 +54,45 @@ impl RevalidationStore for PgStore {
     }
 
     async fn revalidation_drains(&self) -> Result<Vec<RevalidationDrain>, StoreError> {
-        let found: Vec<(String, String, i64, Option<i64>)> = sqlx::query_as(
-            "SELECT mac, reason, asked_at_ms, validating_at_ms FROM revalidation_drains ORDER BY asked_at_ms",
+        let found: Vec<(String, String, i64, Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT mac, reason, queued_at_ms, asked_at_ms, validating_at_ms
+             FROM revalidation_drains ORDER BY queued_at_ms, mac",
         )
         .fetch_all(&self.pool)
         .await?;
         found
             .into_iter()
-            .map(|(mac, reason, asked_at_ms, validating_at_ms)| {
-                Ok(RevalidationDrain {
-                    mac: rows::mac(&mac)?,
-                    reason,
-                    asked_at_ms,
-                    validating_at_ms,
-                })
-            })
+            .map(
+                |(mac, reason, queued_at_ms, asked_at_ms, validating_at_ms)| {
+                    Ok(RevalidationDrain {
+                        mac: rows::mac(&mac)?,
+                        reason,
+                        queued_at_ms,
+                        asked_at_ms,
+                        validating_at_ms,
+                    })
+                },
+            )
             .collect()
+    }
+
+    async fn revalidation_asked(
+        &self,
+        mac: &Mac,
+        now_ms: i64,
+        event: &HealthDrainData,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.tx().await?;
+        let done = sqlx::query(
+            "UPDATE revalidation_drains SET asked_at_ms = $1
+             WHERE mac = $2 AND asked_at_ms IS NULL",
+        )
+        .bind(now_ms)
+        .bind(mac.to_string())
+        .execute(&mut *tx)
+        .await?;
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
     }
 
     async fn revalidation_validating(
