@@ -6,8 +6,6 @@
 //! next heartbeat answers "revalidate"); once ready again it is handed back; a node that
 //! does not come back ready is left drained for a look, and says so in an event.
 
-use std::collections::HashMap;
-
 use crate::api::event::HealthDrainData;
 use crate::api::{Mac, NodeState};
 use crate::clock::now_ms;
@@ -156,13 +154,7 @@ impl Controller {
             return Ok(0);
         }
         let macs: Vec<Mac> = rows.iter().map(|r| r.mac).collect();
-        let nodes: HashMap<Mac, NodeRecord> = self
-            .store
-            .nodes_in(&macs)
-            .await?
-            .into_iter()
-            .map(|n| (n.mac, n))
-            .collect();
+        let nodes = self.records(&macs).await?;
         // Oldest first: each waiting one takes a free place in turn.
         let asked = rows.iter().filter(|r| r.asked_at_ms.is_some()).count();
         let mut room = self.drain.revalidations_at_once.saturating_sub(asked);

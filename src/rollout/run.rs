@@ -134,6 +134,15 @@ fn step_move<'a>(
 }
 
 impl Controller {
+    /// The nodes `macs` as they are now, by MAC (a removed one is absent).
+    pub(super) async fn records(
+        &self,
+        macs: &[Mac],
+    ) -> Result<std::collections::HashMap<Mac, NodeRecord>, StoreError> {
+        let found = self.store.nodes_in(macs).await?;
+        Ok(found.into_iter().map(|n| (n.mac, n)).collect())
+    }
+
     /// One look at every active rollout; how many there were.
     pub async fn tick_all(&self) -> Result<usize, StoreError> {
         let active = self.store.active_rollouts().await?;
@@ -193,13 +202,7 @@ impl Controller {
             .filter(|(_, w)| **w)
             .map(|(r, _)| r.mac)
             .collect();
-        let records: std::collections::HashMap<Mac, NodeRecord> = self
-            .store
-            .nodes_in(&macs)
-            .await?
-            .into_iter()
-            .map(|n| (n.mac, n))
-            .collect();
+        let records = self.records(&macs).await?;
         let mut steps = Vec::with_capacity(rows.len());
         for (r, wanted) in rows.into_iter().zip(wanted) {
             let now = match records.get(&r.mac) {

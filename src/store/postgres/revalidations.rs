@@ -10,6 +10,25 @@ use crate::clock::now_ms;
 use crate::store::{RevalidationDrain, RevalidationStore, StoreError, rows};
 
 impl PgStore {
+    /// Runs `sql`, an UPDATE that sets one time of `mac`'s row where it is unset (its
+    /// bindings: the time, the MAC), with its event; false when nothing was set.
+    async fn set_once(
+        &self,
+        sql: &'static str,
+        mac: &Mac,
+        now_ms: i64,
+        event: &HealthDrainData,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.tx().await?;
+        let done = sqlx::query(sql)
+            .bind(now_ms)
+            .bind(mac.to_string())
+            .execute(&mut *tx)
+            .await?;
+        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
+            .await
+    }
+
     /// Commits `tx` with its `health.drain` event when it `changed` a row; else drops
     /// it (rolled back): nothing happened, nothing to say.
     async fn commit_with_event(
@@ -82,17 +101,9 @@ impl RevalidationStore for PgStore {
         now_ms: i64,
         event: &HealthDrainData,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.tx().await?;
-        let done = sqlx::query(
-            "UPDATE revalidation_drains SET asked_at_ms = $1
-             WHERE mac = $2 AND asked_at_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(mac.to_string())
-        .execute(&mut *tx)
-        .await?;
-        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
-            .await
+        let sql = "UPDATE revalidation_drains SET asked_at_ms = $1
+                   WHERE mac = $2 AND asked_at_ms IS NULL";
+        self.set_once(sql, mac, now_ms, event).await
     }
 
     async fn revalidation_validating(
@@ -101,17 +112,9 @@ impl RevalidationStore for PgStore {
         now_ms: i64,
         event: &HealthDrainData,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.tx().await?;
-        let done = sqlx::query(
-            "UPDATE revalidation_drains SET validating_at_ms = $1
-             WHERE mac = $2 AND validating_at_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(mac.to_string())
-        .execute(&mut *tx)
-        .await?;
-        self.commit_with_event(tx, done.rows_affected() == 1, mac, event, now_ms)
-            .await
+        let sql = "UPDATE revalidation_drains SET validating_at_ms = $1
+                   WHERE mac = $2 AND validating_at_ms IS NULL";
+        self.set_once(sql, mac, now_ms, event).await
     }
 
     async fn end_revalidation_drain(
