@@ -113,8 +113,8 @@ pub trait DrainFirst: Send + Sync {
         reason: &str,
         image: Option<&str>,
     ) -> Result<ReimageAccepted, ReimageError>;
-    /// Queues a health rule's revalidation of `node` behind its drain and asks for the
-    /// drain; false when nothing was queued (one is queued already, or a rollout holds
+    /// Queues a health rule's (or an admin's) revalidation of `node` behind its drain,
+    /// which the rollout controller asks in its turn; false when nothing was queued (one is queued already, or a rollout holds
     /// the node and validates it anyway).
     async fn revalidate_after_drain(
         &self,

@@ -1,10 +1,11 @@
 //! Revalidations behind a drain. A validation burns the GPUs in, so a `[health]` rule's
 //! `revalidate` on a node with a workload scheduler must not start under a customer's
-//! job: the node service queues it (`RolloutService::revalidate_after_drain`: a row, a
-//! `health.drain` event, the drain asked), and the rollout controller, under its role,
-//! looks at each queued one every tick: once drained the node is sent to validate (its
-//! next heartbeat answers "revalidate"); once ready again it is handed back; a node that
-//! does not come back ready is left drained for a look, and says so in an event.
+//! job: the node service queues it (`RolloutService::revalidate_after_drain`: a row and
+//! its `health.drain` event), and the rollout controller, under its role, looks at each
+//! queued one every tick: in its turn (at most `[drain] revalidations_at_once` drained at
+//! once) it asks the drain; once drained the node is sent to validate (its next heartbeat
+//! answers "revalidate"); once ready again it is handed back; a node that does not come
+//! back ready is left drained for a look, and says so in an event.
 
 use crate::api::event::HealthDrainData;
 use crate::api::{Mac, NodeState};
