@@ -90,9 +90,20 @@ pub fn next(
             },
         };
     };
-    if row.validating_at_ms.is_some() {
+    if let Some(since) = row.validating_at_ms {
         return match node.state {
             NodeState::Ready => Next::Resume,
+            // Not back within the drain's own time: left drained, and said so, rather
+            // than waited for without a word.
+            s if (validating(s) || silent(s)) && now_ms - since > rules.timeout_ms => Next::End {
+                step: "left-drained",
+                why: format!(
+                    "not ready within {} s of its revalidation (it is {s}: {})",
+                    rules.timeout_ms / 1000,
+                    node.state_reason
+                ),
+                resume: false,
+            },
             s if validating(s) || silent(s) => Next::Wait,
             _ => left(),
         };
@@ -390,6 +401,23 @@ mod tests {
         assert_eq!(at(NodeState::Ready), Next::Resume);
         // A missed heartbeat mid burn-in: its next one revalidates it.
         assert_eq!(at(NodeState::Unreachable), Next::Wait);
+        // But not for ever: past the drain's time it is left drained, with why.
+        let late = 2_000 + RULES.timeout_ms + 1;
+        for state in [NodeState::Validating, NodeState::Unreachable] {
+            let n = node(state);
+            assert!(
+                matches!(
+                    next(&row(true), Some(&n), None, RULES, late, false),
+                    Next::End { step: "left-drained", resume: false, ref why } if why.starts_with("not ready within 10 s")
+                ),
+                "{state}"
+            );
+        }
+        let ready = node(NodeState::Ready);
+        assert_eq!(
+            next(&row(true), Some(&ready), None, RULES, late, false),
+            Next::Resume
+        );
         for state in [
             NodeState::ValidationFailed,
             NodeState::Quarantined,
