@@ -97,6 +97,13 @@ pub struct Feed {
     buffered: VecDeque<Event>,
 }
 
+/// Whether `event` is the revocation of the API token `token`.
+fn revokes(event: &Event, token: Option<&str>) -> bool {
+    token.is_some_and(|name| {
+        event.kind == crate::api::event::kind::TOKEN_REVOKED && event.data["name"] == name
+    })
+}
+
 impl Feed {
     /// Whether the feed's token is revoked (or gone) as the store has it now; a store
     /// that cannot answer ends the feed too (the client reconnects through the gate).
@@ -113,16 +120,7 @@ impl Feed {
             }
         }
     }
-}
 
-/// Whether `event` is the revocation of the API token `token`.
-fn revokes(event: &Event, token: Option<&str>) -> bool {
-    token.is_some_and(|name| {
-        event.kind == crate::api::event::kind::TOKEN_REVOKED && event.data["name"] == name
-    })
-}
-
-impl Feed {
     /// The next event; None when the server stops or the database fails (the client
     /// reconnects with its Last-Event-ID).
     pub async fn next(&mut self) -> Option<Event> {

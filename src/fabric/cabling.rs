@@ -10,9 +10,7 @@ use super::topology::{End, Topology};
 
 const CHECK: &str = "ib-cabling";
 
-fn guid(text: &str) -> Option<u64> {
-    u64::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
-}
+use crate::api::agent::ib_guid as guid;
 
 fn named(end: &End) -> String {
     if end.description.is_empty() {

@@ -114,8 +114,8 @@ pub trait DrainFirst: Send + Sync {
         image: Option<&str>,
     ) -> Result<ReimageAccepted, ReimageError>;
     /// Queues a health rule's (or an admin's) revalidation of `node` behind its drain,
-    /// which the rollout controller asks in its turn; false when nothing was queued (one is queued already, or a rollout holds
-    /// the node and validates it anyway).
+    /// which the rollout controller asks in its turn; false when nothing was queued (one
+    /// is queued already, or a rollout holds the node and validates it anyway).
     async fn revalidate_after_drain(
         &self,
         node: &NodeRecord,

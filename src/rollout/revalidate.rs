@@ -30,9 +30,8 @@ pub enum Next {
     Revalidate,
     /// A validation is under way already (it rebooted, say): it counts.
     Validating,
-    /// Ready again after its validation: hand it back.
-    Resume,
-    /// The row ends: `step` and `why` for its event; `resume` whether to hand it back.
+    /// The row ends: `step` and `why` for its event; `resume` whether to hand it back
+    /// (`resumed`: ready again after its validation).
     End {
         step: &'static str,
         why: String,
@@ -92,10 +91,15 @@ pub fn next(
     };
     if let Some(since) = row.validating_at_ms {
         return match node.state {
-            NodeState::Ready => Next::Resume,
+            NodeState::Ready => Next::End {
+                step: "resumed",
+                why: "ready again".into(),
+                resume: true,
+            },
+            s if !(validating(s) || silent(s)) => left(),
             // Not back within the drain's own time: left drained, and said so, rather
             // than waited for without a word.
-            s if (validating(s) || silent(s)) && now_ms - since > rules.timeout_ms => Next::End {
+            s if now_ms - since > rules.timeout_ms => Next::End {
                 step: "left-drained",
                 why: format!(
                     "not ready within {} s of its revalidation (it is {s}: {})",
@@ -104,8 +108,7 @@ pub fn next(
                 ),
                 resume: false,
             },
-            s if validating(s) || silent(s) => Next::Wait,
-            _ => left(),
+            _ => Next::Wait,
         };
     }
     match node.state {
@@ -259,12 +262,6 @@ impl Controller {
                     .await?;
                 Ok(false)
             }
-            Next::Resume => {
-                let why = "ready again".to_string();
-                self.end_revalidation(row, node, scheduler, "resumed", why, true)
-                    .await?;
-                Ok(false)
-            }
             Next::End { step, why, resume } => {
                 self.end_revalidation(row, node, scheduler, step, why, resume)
                     .await?;
@@ -398,7 +395,17 @@ mod tests {
         let at = |state| next(&row(true), Some(&node(state)), None, RULES, 3_000, false);
         assert_eq!(at(NodeState::Validating), Next::Wait);
         assert_eq!(at(NodeState::Provisioning), Next::Wait);
-        assert_eq!(at(NodeState::Ready), Next::Resume);
+        let resumed = |n: Next| {
+            matches!(
+                n,
+                Next::End {
+                    step: "resumed",
+                    resume: true,
+                    ..
+                }
+            )
+        };
+        assert!(resumed(at(NodeState::Ready)));
         // A missed heartbeat mid burn-in: its next one revalidates it.
         assert_eq!(at(NodeState::Unreachable), Next::Wait);
         // But not for ever: past the drain's time it is left drained, with why.
@@ -414,10 +421,14 @@ mod tests {
             );
         }
         let ready = node(NodeState::Ready);
-        assert_eq!(
-            next(&row(true), Some(&ready), None, RULES, late, false),
-            Next::Resume
-        );
+        assert!(resumed(next(
+            &row(true),
+            Some(&ready),
+            None,
+            RULES,
+            late,
+            false
+        )));
         for state in [
             NodeState::ValidationFailed,
             NodeState::Quarantined,

@@ -22,11 +22,9 @@ fn field<'a>(out: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
-/// `0x0000000000200001` as the canonical `0x` and 16 lower-case hex digits.
+/// A GUID in any spelling as the wire's: `0x` and 16 lower-case hex digits.
 pub fn guid(text: &str) -> Option<String> {
-    let hex = text.trim().trim_start_matches("0x").replace(':', "");
-    let n = u64::from_str_radix(&hex, 16).ok()?;
-    Some(format!("0x{n:016x}"))
+    bootfleet_api::agent::ib_guid(text).map(|n| format!("0x{n:016x}"))
 }
 
 /// The peer in `nodeinfo`'s and `nodedesc`'s answers.
@@ -49,20 +47,22 @@ pub async fn query(samples: &mut [IbPortSample]) {
         };
         let path = format!("0,{port}");
         let args = |what: &'static str| ["-C", device, "-P", port, "-D", what, path.as_str()];
-        let info = super::checks::run("smpquery", &args("nodeinfo"), QUERY_TIMEOUT).await;
-        let desc = super::checks::run("smpquery", &args("nodedesc"), QUERY_TIMEOUT).await;
-        match info {
-            Ok(info) => match parse(&info, desc.ok().as_deref()) {
-                Some(peer) => s.peer = Some(peer),
-                None => s.missing.push("peer".into()),
-            },
+        let info = match super::checks::run("smpquery", &args("nodeinfo"), QUERY_TIMEOUT).await {
+            Ok(info) => info,
             Err(e) => {
                 eprintln!(
                     "bootfleet-agent: the peer of InfiniBand port {}: {e}",
                     s.port
                 );
                 s.missing.push("peer".into());
+                continue;
             }
+        };
+        // Its name is a courtesy: a peer without one is still the peer.
+        let desc = super::checks::run("smpquery", &args("nodedesc"), QUERY_TIMEOUT).await;
+        match parse(&info, desc.ok().as_deref()) {
+            Some(peer) => s.peer = Some(peer),
+            None => s.missing.push("peer".into()),
         }
     }
 }

@@ -252,6 +252,13 @@ pub struct HeartbeatRequest {
 /// The most XID codes a sample carries (`GpuSample::recent_xids`).
 pub const RECENT_XIDS: usize = 16;
 
+/// An InfiniBand GUID, whatever its spelling: smpquery's `0x0000000000200001`, sysfs's
+/// `506b:4b03:005c:2a18`, the wire's `0x` and 16 hex digits.
+pub fn ib_guid(text: &str) -> Option<u64> {
+    let hex = text.trim().trim_start_matches("0x").replace(':', "");
+    u64::from_str_radix(&hex, 16).ok()
+}
+
 /// A PCI address as `bus:device`, whatever its spelling: NVML's `00000000:3B:00.0` and
 /// the kernel log's `0000:3b:00` name one GPU.
 pub fn pci_bus_key(id: &str) -> String {
