@@ -92,6 +92,9 @@ pub struct FileConfig {
     /// `[fabric]`: the InfiniBand cabling validation checks nodes against.
     #[serde(default)]
     pub fabric: crate::fabric::FabricSettings,
+    /// `[tpm]`: TPM-rooted attestation's policy and the CAs EK certificates chain to.
+    #[serde(default)]
+    pub tpm: crate::tpm::TpmSettings,
 }
 
 /// `[store]` in the settings file. Its Debug hides the URL (it may hold a password).
@@ -252,6 +255,7 @@ pub struct ServerConfig {
     pub metrics: crate::metrics::MetricsSettings,
     pub health: crate::health::HealthSettings,
     pub fabric: crate::fabric::FabricSettings,
+    pub tpm: crate::tpm::TpmSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -323,6 +327,7 @@ impl ServerConfig {
             metrics: file.metrics,
             health: file.health,
             fabric: file.fabric,
+            tpm: file.tpm,
             admin_listen: over.admin_listen.or(file.admin_listen),
             store: StoreConfig {
                 url: over.store_url.or(file.store.url),

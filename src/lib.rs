@@ -27,4 +27,5 @@ pub mod server;
 pub mod store;
 pub mod storm;
 pub mod tftp;
+pub mod tpm;
 pub mod udp_buffer;

@@ -137,6 +137,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
             .load()
             .map_err(|e| anyhow::anyhow!(e))?
             .map(std::sync::Arc::new),
+        trust: std::sync::Arc::new(crate::tpm::Trust::load(&cfg.tpm, &cfg.ipxe_dir)?),
     };
     let secrets = cfg
         .power

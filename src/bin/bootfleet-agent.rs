@@ -74,6 +74,18 @@ struct Args {
     /// server can check the cabling against the topology it was given.
     #[arg(long)]
     ib_peers: bool,
+    /// Attest with the TPM reached through this TCTI (tpm2-tools' syntax:
+    /// `swtpm:path=SOCKET`, `device:/dev/tpm0`) [default: device:/dev/tpm0 where the
+    /// node has one]. Needs tpm2-tools.
+    #[arg(long, value_name = "TCTI")]
+    tpm_tcti: Option<String>,
+    /// The firmware's measured-boot event log sent with the quote [default:
+    /// <root>/sys/kernel/security/tpm0/binary_bios_measurements].
+    #[arg(long, value_name = "PATH")]
+    tpm_event_log: Option<PathBuf>,
+    /// Attest without TPM evidence even where the node has a TPM.
+    #[arg(long, conflicts_with = "tpm_tcti")]
+    no_tpm: bool,
     #[command(subcommand)]
     stage: Option<StageOne>,
 }
@@ -143,6 +155,7 @@ fn main() -> ExitCode {
         Some(path) => Box::new(Recorded(path)),
         None => Box::new(Nvml),
     };
+    let tpm = tpm_choice(&args.root, args.no_tpm, args.tpm_tcti, args.tpm_event_log);
     let agent = Agent {
         http: {
             // reqwest is built with rustls and no provider of its own (see the server's
@@ -169,6 +182,7 @@ fn main() -> ExitCode {
             .map(|c| (c, Duration::from_secs(args.probe_timeout_secs))),
         figures: args.figures,
         ib_peers: args.ib_peers,
+        tpm,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -304,4 +318,28 @@ fn figure_arg(s: &str) -> Result<(String, String), String> {
         ));
     }
     Ok((name.to_string(), command.to_string()))
+}
+
+/// The TPM the agent attests with: the one named, else the node's own where it has
+/// one. On a real node (root `/`) securityfs is mounted for the event log if it is not.
+fn tpm_choice(
+    root: &std::path::Path,
+    off: bool,
+    tcti: Option<String>,
+    log: Option<PathBuf>,
+) -> Option<(String, PathBuf)> {
+    use bootfleet_agent::tpm::{DEVICE_TCTI, EVENT_LOG};
+    if off {
+        return None;
+    }
+    let tcti = match tcti {
+        Some(t) => t,
+        None if root.join("dev/tpm0").exists() => DEVICE_TCTI.to_string(),
+        None => return None,
+    };
+    let log = log.unwrap_or_else(|| root.join(EVENT_LOG));
+    if root == std::path::Path::new("/") && !log.exists() {
+        bootfleet_agent::tpm::mount_securityfs();
+    }
+    Some((tcti, log))
 }

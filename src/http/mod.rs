@@ -212,6 +212,7 @@ fn boot_api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::node_script))
         .routes(routes!(nodes::overlay))
         .routes(routes!(nodes::attest))
+        .routes(routes!(nodes::tpm_challenge))
         .routes(routes!(nodes::heartbeat))
         .routes(routes!(nodes::validate))
 }

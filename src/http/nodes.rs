@@ -320,6 +320,36 @@ pub async fn attest(
         .map_err(agent_error)
 }
 
+/// `POST /api/v1/agent/tpm/challenge`: the node's TPM keys for a credential that only
+/// the enrolled TPM can open (boot token). Refused (403) when the EK is not the one the
+/// node is enrolled with, its certificate does not chain to a configured EK CA, or the
+/// keys are not an EK's and an AK's; 409 when the node's TPM policy is off.
+#[utoipa::path(
+    post, path = "/api/v1/agent/tpm/challenge", tag = "agent",
+    security(("boot" = [])),
+    request_body = crate::api::agent::TpmChallengeRequest,
+    responses((status = 200, description = "The credential and the PCRs to quote", body = crate::api::agent::TpmChallengeAnswer))
+)]
+pub async fn tpm_challenge(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<crate::api::agent::TpmChallengeAnswer>, ApiError> {
+    let (caller, req) = agent_request::<crate::api::agent::TpmChallengeRequest>(
+        &state,
+        &headers,
+        body,
+        "TPM challenge request",
+    )
+    .await?;
+    state
+        .nodes
+        .tpm_challenge(&caller, &req)
+        .await
+        .map(Json)
+        .map_err(agent_error)
+}
+
 /// The most an agent call's body may be: a validation report of a few dozen GPUs is a
 /// few KiB. Bounds what any caller costs in memory, whatever it sends.
 pub const AGENT_BODY_LIMIT: usize = 256 * 1024;

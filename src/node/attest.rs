@@ -188,6 +188,7 @@ pub fn judge(report: &AttestReport, expected: &Expected<'_>) -> Verdict {
     Verdict {
         passed: mismatches.is_empty(),
         mismatches,
+        tpm: None,
     }
 }
 

@@ -952,6 +952,48 @@ pub trait RevalidationStore: Send + Sync {
     ) -> Result<bool, StoreError>;
 }
 
+/// The EK a node's TPM is enrolled with (`tpm_enrolments`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpmEnrolment {
+    pub mac: Mac,
+    /// The EK's TPM Name, hex.
+    pub ek_name: String,
+    /// Its certificate chained to a configured EK CA when it was enrolled.
+    pub certified: bool,
+    pub enrolled_at_ms: i64,
+}
+
+/// A boot's TPM challenge (`tpm_challenges`): the AK the credential was made for and
+/// the hash of the secret it carries; the secret itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpmChallengeRow {
+    pub boot_id: String,
+    pub mac: Mac,
+    /// The AK's TPM2B_PUBLIC, hex.
+    pub ak_public: String,
+    pub ek_name: String,
+    /// SHA-256 of the secret, hex.
+    pub secret_sha256: String,
+    pub issued_at_ms: i64,
+}
+
+/// TPM enrolments and challenges.
+#[async_trait]
+pub trait TpmStore: Send + Sync {
+    /// Enrols `enrolment` when its node has none (with its `tpm.enrolled` event), then
+    /// records `challenge` (replacing the boot's earlier one) only if the node's
+    /// enrolment names the challenge's EK; returns the enrolment as stored.
+    async fn put_tpm_challenge(
+        &self,
+        challenge: &TpmChallengeRow,
+        enrolment: &TpmEnrolment,
+    ) -> Result<TpmEnrolment, StoreError>;
+    async fn tpm_challenge(&self, boot_id: &str) -> Result<Option<TpmChallengeRow>, StoreError>;
+    /// Removes a boot's challenge once the boot has attested.
+    async fn end_tpm_challenge(&self, boot_id: &str) -> Result<(), StoreError>;
+    async fn tpm_enrolment(&self, mac: &Mac) -> Result<Option<TpmEnrolment>, StoreError>;
+}
+
 /// A whole store: every area, behind one handle the services share. SQLite is one
 /// implementation (`sqlite`), PostgreSQL the other (`postgres`).
 #[async_trait]
@@ -968,6 +1010,7 @@ pub trait Backend:
     + RolloutStore
     + TokenStore
     + RevalidationStore
+    + TpmStore
 {
     async fn close(&self);
     async fn ping(&self) -> Result<(), StoreError>;

@@ -303,6 +303,7 @@ pub(crate) async fn from_script(
             verity_root_hash: None,
             stage1_failure: None,
         },
+        tpm: None,
     };
     let verdict: Verdict = agent
         .post("attest", &attest, r)

@@ -25,6 +25,7 @@ const RULES: &[(&str, &[&str])] = &[
     ("leader", &["clock", "store"]),
     ("health", &["api", "clock"]),
     ("fabric", &["api"]),
+    ("tpm", &["api"]),
     (
         "metrics",
         &["api", "auth", "clock", "dhcp", "store", "tftp"],
@@ -38,7 +39,7 @@ const RULES: &[(&str, &[&str])] = &[
         "node",
         &[
             "api", "clock", "boot", "dhcp", "fabric", "health", "image", "leader", "metrics",
-            "registry", "store",
+            "registry", "store", "tpm",
         ],
     ),
     (
@@ -82,7 +83,7 @@ const RULES: &[(&str, &[&str])] = &[
         "config",
         &[
             "api", "dhcp", "events", "fabric", "health", "http", "image", "metrics", "node",
-            "power", "rollout", "store", "tftp",
+            "power", "rollout", "store", "tftp", "tpm",
         ],
     ),
     (
@@ -107,6 +108,7 @@ const RULES: &[(&str, &[&str])] = &[
             "registry",
             "rollout",
             "store",
+            "tpm",
             "tftp",
             "udp_buffer",
         ],

@@ -37,5 +37,6 @@ mod tftp;
 mod tidy;
 mod tls;
 mod tokens;
+mod tpm;
 mod two_stage;
 mod ui;

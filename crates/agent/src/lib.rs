@@ -11,4 +11,5 @@ pub mod gpu;
 pub mod ib_peers;
 pub mod run;
 pub mod stage1;
+pub mod tpm;
 pub mod xid;

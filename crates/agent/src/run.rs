@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bootfleet_api::agent::{
     AttestReport, AttestRequest, HeartbeatAnswer, HeartbeatRequest, NextAction, NodeFacts,
-    ValidateRequest,
+    TpmChallengeAnswer, TpmChallengeRequest, TpmEvidence, ValidateRequest,
 };
 use bootfleet_api::{Digest, Mac};
 use serde::Serialize;
@@ -36,6 +36,8 @@ pub struct Agent {
     pub figures: Vec<(String, String)>,
     /// At validation, ask each InfiniBand port's peer of the fabric (`ib_peers`).
     pub ib_peers: bool,
+    /// The TPM to attest with (its TCTI) and the firmware's event log; None: no TPM.
+    pub tpm: Option<(String, PathBuf)>,
 }
 
 /// How the conversation ended.
@@ -196,6 +198,7 @@ impl Agent {
         stage1_failure: Option<String>,
     ) -> Result<bool, String> {
         let f = self.facts();
+        let stage1_failure_free = stage1_failure.is_none();
         let body = AttestRequest {
             boot_id: self.boot.clone(),
             mac: self.mac,
@@ -209,6 +212,10 @@ impl Agent {
                 verity_root_hash,
                 stage1_failure,
             },
+            tpm: match stage1_failure_free {
+                true => self.tpm_evidence().await,
+                false => None,
+            },
         };
         let (status, answer) = self.post("/api/v1/agent/attest", &body).await;
         Self::say("attest", status, &answer);
@@ -218,6 +225,62 @@ impl Agent {
             200 => Ok(answer["passed"] == true),
             _ => Err(format!("attestation refused ({status}): {answer}")),
         }
+    }
+
+    /// The TPM's answer to this boot's challenge, or None (logged) when there is no TPM
+    /// or it could not answer: the server's policy decides what a boot without evidence
+    /// is worth.
+    async fn tpm_evidence(&self) -> Option<TpmEvidence> {
+        let (tcti, log) = self.tpm.clone()?;
+        let result = self.tpm_conversation(tcti, log).await;
+        match result {
+            Ok(evidence) => Some(evidence),
+            Err(why) => {
+                eprintln!("bootfleet-agent: tpm: {why}; attesting without TPM evidence");
+                None
+            }
+        }
+    }
+
+    async fn tpm_conversation(&self, tcti: String, log: PathBuf) -> Result<TpmEvidence, String> {
+        use super::tpm::{Tpm, hex, unhex};
+        let tpm = std::sync::Arc::new(Tpm::new(&tcti, &std::env::temp_dir())?);
+        let t = tpm.clone();
+        let keys = tokio::task::spawn_blocking(move || t.keys())
+            .await
+            .map_err(|e| e.to_string())??;
+        let ask = TpmChallengeRequest {
+            boot_id: self.boot.clone(),
+            mac: self.mac,
+            ek_public: hex(&keys.ek_public),
+            ek_certificate: keys.ek_certificate.as_deref().map(hex),
+            ak_public: hex(&keys.ak_public),
+        };
+        let (status, answer) = self.post("/api/v1/agent/tpm/challenge", &ask).await;
+        if status != 200 {
+            return Err(format!("challenge refused ({status}): {answer}"));
+        }
+        let challenge: TpmChallengeAnswer =
+            serde_json::from_value(answer).map_err(|e| format!("challenge: {e}"))?;
+        let credential = unhex(&challenge.credential).ok_or("challenge: credential is not hex")?;
+        let t = tpm.clone();
+        let secret = tokio::task::spawn_blocking(move || t.activate(&credential))
+            .await
+            .map_err(|e| e.to_string())??;
+        let nonce = bootfleet_api::agent::tpm_nonce(&secret, &self.boot);
+        let t = tpm.clone();
+        let pcrs = challenge.pcrs.clone();
+        let quote = tokio::task::spawn_blocking(move || t.quote(&nonce, &pcrs))
+            .await
+            .map_err(|e| e.to_string())??;
+        let event_log = std::fs::read(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        Ok(TpmEvidence {
+            secret: hex(&secret),
+            attest: hex(&quote.attest),
+            signature: hex(&quote.signature),
+            pcrs: quote.pcrs.iter().map(|(i, v)| (*i, hex(v))).collect(),
+            event_log: hex(&event_log),
+        })
     }
 
     pub async fn validate(&self) -> Result<(), String> {

@@ -17,6 +17,76 @@ pub struct AttestRequest {
     pub boot_id: String,
     pub mac: Mac,
     pub report: AttestReport,
+    /// The TPM's quote, from a node that asked for a TPM challenge this boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<TpmEvidence>,
+}
+
+/// `POST /api/v1/agent/tpm/challenge`, with the boot token as bearer: the node's TPM
+/// keys. Binary TPM structures travel as lowercase hex.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmChallengeRequest {
+    pub boot_id: String,
+    pub mac: Mac,
+    /// The endorsement key's TPM2B_PUBLIC (`tpm2_createek -f tss`).
+    pub ek_public: String,
+    /// The EK certificate from the TPM's NV index 0x01c00002 (DER), where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_certificate: Option<String>,
+    /// The attestation key's TPM2B_PUBLIC: a restricted signing key made in the same TPM.
+    pub ak_public: String,
+}
+
+/// A credential only the TPM holding the enrolled EK can open, for the AK it names
+/// (`tpm2_activatecredential -i`: tpm2-tools' blob), and the PCRs to quote.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpmChallengeAnswer {
+    pub credential: String,
+    pub pcrs: Vec<u8>,
+}
+
+/// What the agent's TPM answered, sent with its attestation.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmEvidence {
+    /// The secret the credential carried, as ActivateCredential recovered it. The quote's
+    /// qualifying data is SHA-256("bootfleet-quote\0" ‖ secret ‖ boot id).
+    pub secret: String,
+    /// The TPMS_ATTEST the TPM signed (`tpm2_quote -m`).
+    pub attest: String,
+    /// Its TPMT_SIGNATURE (`tpm2_quote -s`).
+    pub signature: String,
+    /// The SHA-256 PCR values quoted, by index.
+    pub pcrs: BTreeMap<u8, String>,
+    /// The firmware's event log (`/sys/kernel/security/tpm0/binary_bios_measurements`).
+    pub event_log: String,
+}
+
+/// What a boot's TPM evidence showed: shown on the node's page.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpmFindings {
+    /// The TPM Name of the node's endorsement key (hex).
+    pub ek_name: String,
+    /// The quoted SHA-256 PCR values (hex), by index.
+    pub pcrs: BTreeMap<u8, String>,
+    /// What the firmware measured, and what each was matched to.
+    pub measurements: Vec<TpmMeasurement>,
+}
+
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpmMeasurement {
+    pub pcr: u32,
+    pub event: String,
+    pub digest: String,
+    /// What it is ("iPXE snponly.efi", "kernel vmlinuz"); None: nothing this boot was
+    /// given.
+    pub matched: Option<String>,
 }
 
 /// What the agent reports about the system it booted.
@@ -65,6 +135,9 @@ pub struct Mismatch {
 pub struct Verdict {
     pub passed: bool,
     pub mismatches: Vec<Mismatch>,
+    /// The TPM evidence's findings, when the boot sent some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<TpmFindings>,
 }
 
 /// `POST /api/v1/agent/validate`, with the boot token as bearer.
@@ -402,4 +475,15 @@ pub struct HeartbeatAnswer {
     /// What differs from the attested baseline, when anything does.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drift: Vec<Difference>,
+}
+
+/// The qualifying data a boot's quote carries: SHA-256("bootfleet-quote\0" ‖ secret ‖
+/// boot id), bound to the secret only the enrolled TPM could recover and to the boot.
+pub fn tpm_nonce(secret: &[u8], boot_id: &str) -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"bootfleet-quote\0");
+    h.update(secret);
+    h.update(boot_id.as_bytes());
+    h.finalize().into()
 }

@@ -47,6 +47,9 @@ pub mod kind {
     /// `HealthDrainData` (drain asked, revalidating once drained, handed back once ready,
     /// or why not).
     pub const HEALTH_DRAIN: &str = "health.drain";
+    /// A node's TPM endorsement key was enrolled at its first TPM challenge:
+    /// `TpmEnrolledData`.
+    pub const TPM_ENROLLED: &str = "tpm.enrolled";
     /// An API token was created: `{name, role}` (never its secret).
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked: `{name, role}`.
@@ -137,6 +140,16 @@ pub struct BlobsCollectedData {
 }
 
 /// `data` of a `health.drain` event.
+/// `tpm.enrolled`: the EK a node's TPM attests with from now on.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TpmEnrolledData {
+    /// The EK's TPM Name (hex): nameAlg ‖ SHA-256 of its public area.
+    pub ek_name: String,
+    /// Its certificate chained to a configured EK CA (false: trusted on first use).
+    pub certified: bool,
+}
+
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HealthDrainData {

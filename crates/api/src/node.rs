@@ -221,6 +221,10 @@ pub struct Timeline {
     /// The first step that did not happen or did not pass; None for a boot that reached
     /// ready.
     pub stopped_at: Option<String>,
+    /// What the boot's TPM evidence showed at attestation: the quoted PCRs, and what
+    /// each measured boot application was matched to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<crate::agent::TpmFindings>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

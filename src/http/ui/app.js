@@ -170,7 +170,23 @@ function waterfall(boot) {
         el("span", { class: "wf-name" }, s.step),
         el("span", { class: "wf-track" }, bar),
         el("span", {}, `${took} ms`), el("span", { class: "wf-outcome", title: s.outcome }, s.outcome));
-    }));
+    }),
+    boot.tpm ? tpmEvidence(boot.tpm) : null);
+}
+
+// What the boot's TPM quote showed: each PCR's value, and each measured boot
+// application with what it matched (or that it matched nothing this boot was given).
+function tpmEvidence(tpm) {
+  return el("div", { class: "tpm" },
+    el("div", {}, el("strong", {}, "TPM"), ` EK ${tpm.ek_name.slice(0, 20)}…`),
+    el("table", { class: "tpm-pcrs" },
+      el("tr", {}, el("th", {}, "PCR"), el("th", {}, "SHA-256")),
+      Object.entries(tpm.pcrs).map(([i, v]) => el("tr", {}, el("td", {}, i), el("td", { class: "mono" }, v)))),
+    el("table", { class: "tpm-measured" },
+      el("tr", {}, ["PCR", "event", "digest", "matched"].map((h) => el("th", {}, h))),
+      tpm.measurements.map((m) => el("tr", {},
+        el("td", {}, String(m.pcr)), el("td", {}, m.event), el("td", { class: "mono" }, m.digest),
+        m.matched ? el("td", {}, m.matched) : el("td", { class: "error" }, "not given to this boot")))));
 }
 
 function gpuVerdict(v) {

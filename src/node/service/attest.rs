@@ -32,6 +32,8 @@ pub enum Refusal {
     NotAttested,
     #[error("a boot's overlay is served to its stage 1 only, before the boot attests")]
     OverlayAfterAttest,
+    #[error("TPM: {0}")]
+    Tpm(String),
     #[error("the report names node {claimed}, but boot {boot_id} belongs to {actual}")]
     OtherNode {
         claimed: Mac,
@@ -218,7 +220,7 @@ impl NodeService {
         self.fetches.flush().await;
         let fetches = store.fetches(&req.boot_id).await?;
         let received = Received::tally(&fetches);
-        let verdict = judge(
+        let mut verdict = judge(
             &req.report,
             &Expected {
                 image_digest: boot.image,
@@ -237,6 +239,10 @@ impl NodeService {
                     .map(|v| v.root_hash.as_str()),
             },
         );
+        let (tpm, tpm_mismatches) = self.judge_tpm(req, &boot.mac, &image).await?;
+        verdict.mismatches.extend(tpm_mismatches);
+        verdict.passed = verdict.mismatches.is_empty();
+        verdict.tpm = tpm;
         let json = serde_json::to_string(&verdict).expect("verdict serialises");
         let report = serde_json::to_string(&req.report).expect("report serialises");
         let reason = if verdict.passed {
@@ -268,6 +274,12 @@ impl NodeService {
             .await
         {
             Ok(_) => {
+                // The challenge is spent: this boot is judged once.
+                if req.tpm.is_some()
+                    && let Err(e) = self.store.end_tpm_challenge(&req.boot_id).await
+                {
+                    tracing::warn!(error = %e, boot = %req.boot_id, "cannot remove a spent TPM challenge");
+                }
                 self.time_attested(boot, &image.record.artifacts, &fetches, verdict.passed);
                 Ok(verdict)
             }

@@ -12,6 +12,7 @@ pub mod health;
 pub mod heartbeat;
 pub mod overlay;
 pub mod timeline;
+pub mod tpm;
 pub mod validate;
 
 use std::sync::Arc;
@@ -70,6 +71,8 @@ pub struct NodeService {
     pub baselines: heartbeat::Baselines,
     /// The declared InfiniBand cabling validation checks ports against (`[fabric]`).
     pub fabric: Option<Arc<crate::fabric::topology::Topology>>,
+    /// What TPM evidence is checked with (`[tpm]`, the iPXE binaries served).
+    pub trust: Arc<crate::tpm::Trust>,
 }
 
 /// What a boot needs of an image, parsed once per digest.

@@ -212,6 +212,11 @@ pub fn build(boot: &BootFacts, artifacts: &[Artifact], power: &[PrebootStep]) ->
         at: format_ms(boot.created_at_ms),
         steps,
         stopped_at,
+        tpm: boot
+            .verdict
+            .as_ref()
+            .and_then(|v| v.get("tpm"))
+            .and_then(|t| serde_json::from_value(t.clone()).ok()),
     }
 }
 

@@ -21,6 +21,7 @@ mod removal;
 mod revalidations;
 mod rollouts;
 mod tokens;
+mod tpm;
 
 use std::time::Duration;
 

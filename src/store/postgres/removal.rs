@@ -37,6 +37,8 @@ impl RemovalStore for PgStore {
             "DELETE FROM reimage_requests WHERE mac = $1",
             "DELETE FROM power_actions WHERE mac = $1",
             "DELETE FROM revalidation_drains WHERE mac = $1",
+            "DELETE FROM tpm_enrolments WHERE mac = $1",
+            "DELETE FROM tpm_challenges WHERE mac = $1",
             "DELETE FROM nodes WHERE mac = $1",
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;

@@ -15,6 +15,7 @@ mod removal;
 mod revalidations;
 mod rollouts;
 mod tokens;
+mod tpm;
 
 use std::path::Path;
 use std::time::Duration;

@@ -42,6 +42,8 @@ impl RemovalStore for SqliteStore {
             "DELETE FROM reimage_requests WHERE mac = ?",
             "DELETE FROM power_actions WHERE mac = ?",
             "DELETE FROM revalidation_drains WHERE mac = ?",
+            "DELETE FROM tpm_enrolments WHERE mac = ?",
+            "DELETE FROM tpm_challenges WHERE mac = ?",
             "DELETE FROM nodes WHERE mac = ?",
         ] {
             sqlx::query(sql).bind(&key).execute(&mut *tx).await?;

@@ -1,0 +1,306 @@
+//! The TPM challenge's logic and the TPM part of a boot's attestation: the EK checked
+//! and enrolled (first seen, or refused when another is enrolled), a credential made for
+//! the AK, then at attestation the quote and event log judged by `tpm::verify` against
+//! this boot's iPXE and kernel. The policy (`[tpm] policy`, a node's `tpm` label over it)
+//! says whether a boot without evidence fails.
+
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::NodeService;
+use super::attest::{AttestError, Caller, Refusal};
+use crate::api::agent::{
+    AttestRequest, Mismatch, TpmChallengeAnswer, TpmChallengeRequest, TpmEvidence, TpmFindings,
+};
+use crate::api::image::Role;
+use crate::store::{TpmChallengeRow, TpmEnrolment};
+use crate::tpm::verify::{self, Loadable};
+use crate::tpm::wire::{Public, credential_blob};
+use crate::tpm::{TpmPolicy, check_ak, check_ek, credential};
+
+fn unhex(what: &str, s: &str) -> Result<Vec<u8>, Refusal> {
+    hex::decode(s).map_err(|e| Refusal::Tpm(format!("{what}: not hex: {e}")))
+}
+
+fn miss(field: &str, expected: impl Into<String>, found: impl Into<String>) -> Mismatch {
+    Mismatch {
+        field: field.into(),
+        expected: expected.into(),
+        found: found.into(),
+    }
+}
+
+impl NodeService {
+    /// `POST /api/v1/agent/tpm/challenge`.
+    pub async fn tpm_challenge(
+        &self,
+        caller: &Caller,
+        req: &TpmChallengeRequest,
+    ) -> Result<TpmChallengeAnswer, AttestError> {
+        let result = self.tpm_challenge_inner(caller, req).await;
+        self.noted("tpm-challenge", &req.boot_id, &req.mac, result)
+            .await
+    }
+
+    async fn tpm_challenge_inner(
+        &self,
+        caller: &Caller,
+        req: &TpmChallengeRequest,
+    ) -> Result<TpmChallengeAnswer, AttestError> {
+        let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
+        if boot.attested {
+            return Err(AttestError::NotNow(format!(
+                "boot {} has attested: its TPM challenge is over",
+                req.boot_id
+            )));
+        }
+        if self.tpm_policy(&boot.mac).await? == TpmPolicy::Off {
+            return Err(AttestError::NotNow(
+                "TPM attestation is off for this node ([tpm] policy or its tpm label)".into(),
+            ));
+        }
+        let ek = Public::from_tpm2b(&unhex("ek_public", &req.ek_public)?)
+            .map_err(|e| Refusal::Tpm(format!("ek_public: {e}")))?;
+        let ak = Public::from_tpm2b(&unhex("ak_public", &req.ak_public)?)
+            .map_err(|e| Refusal::Tpm(format!("ak_public: {e}")))?;
+        check_ek(&ek).map_err(Refusal::Tpm)?;
+        check_ak(&ak).map_err(Refusal::Tpm)?;
+        let certified = match (&self.trust.roots, &req.ek_certificate) {
+            (None, _) => false,
+            (Some(_), None) => {
+                return Err(
+                    Refusal::Tpm(crate::tpm::ekcert::EkCertError::Missing.to_string()).into(),
+                );
+            }
+            (Some(roots), Some(cert)) => {
+                roots
+                    .check(&unhex("ek_certificate", cert)?, &ek)
+                    .map_err(|e| Refusal::Tpm(e.to_string()))?;
+                true
+            }
+        };
+        let ek_name = hex::encode(ek.name());
+        let mut secret = [0u8; 32];
+        rand::fill(&mut secret);
+        let made =
+            credential::make(&ek, &ak.name(), &secret).map_err(|e| Refusal::Tpm(e.to_string()))?;
+        let now = crate::clock::now_ms();
+        let row = TpmChallengeRow {
+            boot_id: req.boot_id.clone(),
+            mac: boot.mac,
+            ak_public: hex::encode(ak_tpm2b(&ak)),
+            ek_name: ek_name.clone(),
+            secret_sha256: hex::encode(Sha256::digest(secret)),
+            issued_at_ms: now,
+        };
+        let enrolment = TpmEnrolment {
+            mac: boot.mac,
+            ek_name: ek_name.clone(),
+            certified,
+            enrolled_at_ms: now,
+        };
+        let stored = self.store.put_tpm_challenge(&row, &enrolment).await?;
+        if stored.ek_name != ek_name {
+            return Err(Refusal::Tpm(format!(
+                "the node is enrolled with EK {}, and this boot presented EK {ek_name} (a new TPM or \
+                 board: remove the node to enrol it again)",
+                stored.ek_name
+            ))
+            .into());
+        }
+        Ok(TpmChallengeAnswer {
+            credential: hex::encode(credential_blob(&made.id_object, &made.encrypted_secret)),
+            pcrs: verify::QUOTED_PCRS.to_vec(),
+        })
+    }
+
+    /// The node's policy: its `tpm` label, else `[tpm] policy` (an unknown label value
+    /// counts as `required`: a typo must not turn checking off).
+    pub(super) async fn tpm_policy(&self, mac: &crate::api::Mac) -> Result<TpmPolicy, AttestError> {
+        let node = self.store.node(mac).await?;
+        let label = node
+            .as_ref()
+            .and_then(|n| n.labels.get(crate::tpm::POLICY_LABEL));
+        Ok(match label {
+            None => self.trust.policy,
+            Some(v) => TpmPolicy::parse(v).unwrap_or(TpmPolicy::Required),
+        })
+    }
+
+    /// The TPM part of a boot's verdict: what the evidence showed (None: none judged)
+    /// and its mismatches.
+    pub(super) async fn judge_tpm(
+        &self,
+        req: &AttestRequest,
+        mac: &crate::api::Mac,
+        image: &super::CachedImage,
+    ) -> Result<(Option<TpmFindings>, Vec<Mismatch>), AttestError> {
+        let policy = self.tpm_policy(mac).await?;
+        if policy == TpmPolicy::Off {
+            return Ok((None, Vec::new()));
+        }
+        let challenge = self.store.tpm_challenge(&req.boot_id).await?;
+        let (challenge, evidence) = match (challenge, &req.tpm) {
+            (Some(c), Some(e)) => (c, e),
+            (None, None) if policy == TpmPolicy::Preferred => return Ok((None, Vec::new())),
+            (None, None) => {
+                return Ok((
+                    None,
+                    vec![miss(
+                        "tpm",
+                        "TPM evidence (policy: required)",
+                        "none: the node asked for no TPM challenge",
+                    )],
+                ));
+            }
+            (Some(_), None) => {
+                return Ok((
+                    None,
+                    vec![miss(
+                        "tpm",
+                        "the quote answering this boot's TPM challenge",
+                        "no TPM evidence",
+                    )],
+                ));
+            }
+            (None, Some(_)) => {
+                return Ok((
+                    None,
+                    vec![miss(
+                        "tpm",
+                        "a TPM challenge before the quote",
+                        "TPM evidence without a challenge",
+                    )],
+                ));
+            }
+        };
+        let loadable = match self.loadable(image).await {
+            Ok(l) => l,
+            Err(why) => {
+                return Ok((
+                    None,
+                    vec![miss("tpm.kernel", "the image's kernel as a PE image", why)],
+                ));
+            }
+        };
+        Ok(judge_evidence(
+            evidence,
+            &challenge,
+            &req.boot_id,
+            &loadable,
+        ))
+    }
+
+    /// What firmware may load for a boot of `image`: the iPXE binaries served, and the
+    /// image's kernel.
+    async fn loadable(&self, image: &super::CachedImage) -> Result<Vec<Loadable>, String> {
+        let kernel = image
+            .record
+            .artifacts
+            .iter()
+            .find(|a| a.role == Role::Kernel)
+            .ok_or("the image has no kernel")?;
+        let digest = kernel.digest;
+        let registry = self.registry.clone();
+        let trust = self.trust.clone();
+        let local = registry
+            .local_blob(&digest)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !local {
+            return Err(format!("kernel blob {digest} is not stored here"));
+        }
+        let path = registry.blobs.path_of(&digest);
+        let authenticode = tokio::task::spawn_blocking(move || {
+            trust.kernel_digest(digest, || std::fs::read(&path).map_err(|e| e.to_string()))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let mut loadable = self.trust.loaders.clone();
+        loadable.push(Loadable {
+            name: format!("kernel {}", kernel.path),
+            digest: authenticode,
+            is_kernel: true,
+        });
+        Ok(loadable)
+    }
+}
+
+/// The evidence against the boot's challenge: the secret the TPM recovered, then the
+/// quote, log and measurements.
+fn judge_evidence(
+    evidence: &TpmEvidence,
+    challenge: &TpmChallengeRow,
+    boot_id: &str,
+    loadable: &[Loadable],
+) -> (Option<TpmFindings>, Vec<Mismatch>) {
+    let bad = |field: &str, why: String| (None, vec![miss(field, "well-formed TPM evidence", why)]);
+    let Ok(secret) = hex::decode(&evidence.secret) else {
+        return bad("tpm.secret", "the secret is not hex".into());
+    };
+    let presented = hex::encode(Sha256::digest(&secret));
+    if !bool::from(
+        presented
+            .as_bytes()
+            .ct_eq(challenge.secret_sha256.as_bytes()),
+    ) {
+        return (
+            None,
+            vec![miss(
+                "tpm.secret",
+                "the secret in this boot's credential",
+                "another secret: the credential was not opened by the enrolled TPM",
+            )],
+        );
+    }
+    let ak = match hex::decode(&challenge.ak_public)
+        .map_err(|e| e.to_string())
+        .and_then(|b| Public::from_tpm2b(&b).map_err(|e| e.to_string()))
+    {
+        Ok(ak) => ak,
+        Err(e) => return bad("tpm.ak", format!("the stored AK: {e}")),
+    };
+    let mut pcrs = std::collections::BTreeMap::new();
+    for (i, v) in &evidence.pcrs {
+        match hex::decode(v)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        {
+            Some(v) => pcrs.insert(*i, v),
+            None => return bad("tpm.pcrs", format!("PCR {i}: not a SHA-256 value")),
+        };
+    }
+    let (Ok(attest), Ok(signature), Ok(event_log)) = (
+        hex::decode(&evidence.attest),
+        hex::decode(&evidence.signature),
+        hex::decode(&evidence.event_log),
+    ) else {
+        return bad(
+            "tpm.quote",
+            "the quote, signature or event log is not hex".into(),
+        );
+    };
+    let ek_name = hex::decode(&challenge.ek_name).unwrap_or_default();
+    let (findings, mismatches) = verify::verify(
+        &verify::Evidence {
+            attest: &attest,
+            signature: &signature,
+            pcrs: &pcrs,
+            event_log: &event_log,
+        },
+        &verify::Expected {
+            ak: &ak,
+            nonce: verify::nonce(&secret, boot_id),
+            loadable,
+        },
+        &ek_name,
+    );
+    (Some(findings), mismatches)
+}
+
+/// The AK's TPM2B_PUBLIC again (size ‖ area), as the challenge stores it.
+fn ak_tpm2b(ak: &Public) -> Vec<u8> {
+    let mut out = (ak.area.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(&ak.area);
+    out
+}

@@ -1,0 +1,133 @@
+//! SQL for TPM enrolments and challenges (`TpmStore`).
+
+use async_trait::async_trait;
+
+use super::PgStore;
+use crate::api::Mac;
+use crate::api::event::{TpmEnrolledData, kind};
+use crate::store::{StoreError, TpmChallengeRow, TpmEnrolment, TpmStore, rows};
+
+type EnrolmentRow = (String, String, i64, i64);
+
+fn enrolment(
+    (mac, ek_name, certified, enrolled_at_ms): EnrolmentRow,
+) -> Result<TpmEnrolment, StoreError> {
+    Ok(TpmEnrolment {
+        mac: rows::mac(&mac)?,
+        ek_name,
+        certified: certified != 0,
+        enrolled_at_ms,
+    })
+}
+
+#[async_trait]
+impl TpmStore for PgStore {
+    async fn put_tpm_challenge(
+        &self,
+        challenge: &TpmChallengeRow,
+        enrol: &TpmEnrolment,
+    ) -> Result<TpmEnrolment, StoreError> {
+        let mut tx = self.tx().await?;
+        let key = enrol.mac.to_string();
+        let added = sqlx::query(
+            "INSERT INTO tpm_enrolments (mac, ek_name, certified, enrolled_at_ms)
+             VALUES ($1, $2, $3, $4) ON CONFLICT (mac) DO NOTHING",
+        )
+        .bind(&key)
+        .bind(&enrol.ek_name)
+        .bind(i64::from(enrol.certified))
+        .bind(enrol.enrolled_at_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let stored: EnrolmentRow = sqlx::query_as(
+            "SELECT mac, ek_name, certified, enrolled_at_ms FROM tpm_enrolments WHERE mac = $1",
+        )
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+        let stored = enrolment(stored)?;
+        if stored.ek_name != challenge.ek_name {
+            return Ok(stored); // dropped: rolled back
+        }
+        sqlx::query(
+            "INSERT INTO tpm_challenges
+               (boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (boot_id) DO UPDATE SET ak_public = excluded.ak_public,
+               ek_name = excluded.ek_name, secret_sha256 = excluded.secret_sha256,
+               issued_at_ms = excluded.issued_at_ms",
+        )
+        .bind(&challenge.boot_id)
+        .bind(challenge.mac.to_string())
+        .bind(&challenge.ak_public)
+        .bind(&challenge.ek_name)
+        .bind(&challenge.secret_sha256)
+        .bind(challenge.issued_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        if added {
+            let data = TpmEnrolledData {
+                ek_name: enrol.ek_name.clone(),
+                certified: enrol.certified,
+            };
+            super::events::insert_event(
+                &mut tx,
+                kind::TPM_ENROLLED,
+                Some(&enrol.mac),
+                &data,
+                enrol.enrolled_at_ms,
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        if added {
+            self.notify_events();
+        }
+        Ok(stored)
+    }
+
+    async fn tpm_challenge(&self, boot_id: &str) -> Result<Option<TpmChallengeRow>, StoreError> {
+        let found: Option<(String, String, String, String, String, i64)> = sqlx::query_as(
+            "SELECT boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms
+             FROM tpm_challenges WHERE boot_id = $1",
+        )
+        .bind(boot_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        found
+            .map(
+                |(boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms)| {
+                    Ok(TpmChallengeRow {
+                        boot_id,
+                        mac: rows::mac(&mac)?,
+                        ak_public,
+                        ek_name,
+                        secret_sha256,
+                        issued_at_ms,
+                    })
+                },
+            )
+            .transpose()
+    }
+
+    async fn end_tpm_challenge(&self, boot_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM tpm_challenges WHERE boot_id = $1")
+            .bind(boot_id)
+            .execute(&self.pool)
+            .await?;
+
+        Ok(())
+    }
+
+    async fn tpm_enrolment(&self, mac: &Mac) -> Result<Option<TpmEnrolment>, StoreError> {
+        let found: Option<EnrolmentRow> = sqlx::query_as(
+            "SELECT mac, ek_name, certified, enrolled_at_ms FROM tpm_enrolments WHERE mac = $1",
+        )
+        .bind(mac.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        found.map(enrolment).transpose()
+    }
+}
