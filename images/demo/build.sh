@@ -8,6 +8,8 @@
 # Usage: images/demo/build.sh OUT_DIR [VERSION=1] [AGENT=target/release/bootfleet-agent]
 # With LATE_MODULE=<name> (a module of the kernel, e.g. dummy), /init loads it 20 s after
 # the agent starts: a node that drifts from what it attested, for the drift test.
+# With TPM=1, the initramfs carries tpm2-tools (the `tpm2` multi-call binary, its
+# libraries and the device TCTI): the agent attests with the node's TPM where it has one.
 # With HANG_AFTER=<secs>, /init stops the agent (SIGSTOP) that long after it starts: the
 # kernel stays up but no heartbeat or reboot comes, a hung node for the BMC test.
 # Writes OUT_DIR/{manifest.toml,vmlinuz,initrd.img}; publish with
@@ -70,6 +72,21 @@ for lib in $(ldd "$agent" | awk '$3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); 
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
+if [ -n "${TPM:-}" ]; then
+  [ -x /usr/bin/tpm2 ] || { echo "missing /usr/bin/tpm2: apt-get install tpm2-tools" >&2; exit 1; }
+  cp /usr/bin/tpm2 "$root/bin/tpm2"
+  for t in createek nvread createak startauthsession policysecret activatecredential \
+    flushcontext quote pcrread; do
+    ln -s tpm2 "$root/bin/tpm2_$t"
+  done
+  # tctildr opens the device TCTI with dlopen: ldd does not name it.
+  tcti=$(readlink -f /usr/lib/x86_64-linux-gnu/libtss2-tcti-device.so.0)
+  for lib in $(ldd /usr/bin/tpm2 "$tcti" | awk '$3 ~ /^\// {print $3}') "$tcti"; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+  ln -sf "$(basename "$tcti")" "$root/usr/lib/x86_64-linux-gnu/libtss2-tcti-device.so.0"
+fi
 hang=""
 if [ -n "${HANG_AFTER:-}" ]; then
   hang="(sleep $HANG_AFTER; kill -STOP \$(pidof bootfleet-agent) && echo 'bootfleet demo: agent stopped (hung node)') &"

@@ -580,6 +580,126 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     server.stop().await;
 }
 
+/// (c') UEFI with a TPM (swtpm, EK certificate from its local CA): OVMF measures iPXE and
+/// the kernel, the agent quotes, and the boot is attested with TPM evidence. Then the
+/// kernel blob the firmware loads is swapped behind the server's back (one harmless byte
+/// of its version string): the node boots it, its agent reports exactly the expected
+/// facts, and attestation fails naming PCR 4 and the swapped kernel's digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fails_on_pcr_4() {
+    require();
+    let ca = crate::tpm::Ca::new();
+    let mut tpm = crate::tpm::Swtpm::new(&ca);
+    let n = segment_number(6);
+    let (_d, dir) = built("1", "TPM=1").await;
+    let files = ca.files();
+    let (mut segment, server) = lab_with(
+        n,
+        bootfleet::dhcp::decide::Mode::Authoritative,
+        Default::default(),
+        move |cfg| {
+            cfg.tpm.policy = bootfleet::tpm::TpmPolicy::Required;
+            cfg.tpm.ek_ca_files = files;
+        },
+    )
+    .await;
+    let mac = format!("52:54:00:e2:{n:02x}:06");
+    let image = publish_and_assign(&server, &dir, &mac).await;
+    segment.extra_args = tpm.for_qemu();
+    let (node, vm) = boot_until(
+        &mut segment,
+        &server,
+        &mac,
+        Firmware::Uefi,
+        Duration::from_secs(300),
+        "UEFI boot with a TPM to ready",
+        |n| n["state"] == "ready" || n["state"] == "attestation-failed",
+    )
+    .await;
+    eprintln!(
+        "e2e: UEFI + swtpm power-on to attested {:?} (QEMU TCG)",
+        vm.powered.elapsed()
+    );
+    assert_eq!(node["state"], "ready", "{node}\n{}", vm.serial());
+    let findings = &node["boots"][0]["tpm"];
+    let matched: Vec<&str> = findings["measurements"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no TPM findings: {node}"))
+        .iter()
+        .filter_map(|m| m["matched"].as_str())
+        .collect();
+    assert_eq!(matched.first(), Some(&"iPXE snponly.efi"), "{findings}");
+    assert_eq!(matched.last(), Some(&"kernel vmlinuz"), "{findings}");
+
+    // Swap the kernel blob in place: same size, one byte of the version string.
+    if let Some(mut vm) = segment.vm.take() {
+        let _ = vm.kill();
+        let _ = vm.wait();
+    }
+    let (_, shown) = server
+        .json(&format!(
+            "/api/v1/images/{}",
+            image["digest"].as_str().unwrap()
+        ))
+        .await;
+    let kernel = shown["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["role"] == "kernel")
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
+    let blob = server.blob_dir().join(&kernel);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let at = bytes
+        .windows(13)
+        .position(|w| w == b"debian-kernel")
+        .expect("the kernel's version string");
+    bytes[at] = b'D';
+    let swapped = crate::tpm::authenticode(&bytes);
+    std::fs::write(&blob, &bytes).unwrap();
+    segment.extra_args = tpm.for_qemu();
+    let (node, vm) = boot_until(
+        &mut segment,
+        &server,
+        &mac,
+        Firmware::Uefi,
+        Duration::from_secs(300),
+        "UEFI boot of a swapped kernel to a verdict",
+        // The second boot was judged.
+        |n| {
+            n["boots"].as_array().is_some_and(|b| {
+                b.len() >= 2
+                    && b[0]["steps"]
+                        .as_array()
+                        .is_some_and(|s| s.iter().any(|s| s["step"] == "attested"))
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        node["state"],
+        "attestation-failed",
+        "{node}\n{}",
+        vm.serial()
+    );
+    let outcome = node["boots"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step"] == "attested")
+        .map(|s| s["outcome"].as_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert!(
+        outcome.contains("tpm.pcr4") && outcome.contains(&hex::encode(swapped)),
+        "{outcome}"
+    );
+    server.stop().await;
+}
+
 /// (d) proxyDHCP next to the site's DHCP server (dnsmasq, addresses only): the VM gets
 /// its address from dnsmasq and its boot information from bootfleet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,15 +34,15 @@ fn require() {
 
 /// A local CA that manufactures TPMs (swtpm_localca's state: a root and an
 /// intermediate), in its own directory.
-struct Ca(tempfile::TempDir);
+pub(crate) struct Ca(tempfile::TempDir);
 
 impl Ca {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Ca(tempfile::tempdir().unwrap())
     }
     /// The PEM files an operator would list in `[tpm] ek_ca_files`. Made with the first
     /// TPM.
-    fn files(&self) -> Vec<PathBuf> {
+    pub(crate) fn files(&self) -> Vec<PathBuf> {
         let d = self.0.path();
         vec![
             d.join("swtpm-localca-rootca-cert.pem"),
@@ -52,14 +52,14 @@ impl Ca {
 }
 
 /// One software TPM 2.0, listening on a Unix socket; killed on drop.
-struct Swtpm {
+pub(crate) struct Swtpm {
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
 impl Swtpm {
     /// Manufactures a TPM (RSA EK, its certificate signed by `ca`) and powers it on.
-    fn new(ca: &Ca) -> Self {
+    pub(crate) fn new(ca: &Ca) -> Self {
         require();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -124,6 +124,50 @@ impl Swtpm {
     /// tpm2-tools' way to reach it (its control socket is `<socket>.ctrl`).
     fn tcti(&self) -> String {
         format!("swtpm:path={}", self.socket().display())
+    }
+
+    /// Powers the TPM off (losing power: no TPM2_Shutdown) and on again as a QEMU
+    /// machine's TPM: its control socket only, started by the firmware. Returns QEMU's
+    /// arguments for it (a TIS TPM).
+    pub(crate) fn for_qemu(&mut self) -> Vec<String> {
+        self.stop();
+        let ctrl = self.dir.path().join("qemu-ctrl.sock");
+        let _ = std::fs::remove_file(&ctrl);
+        let child = Command::new("swtpm")
+            .args(["socket", "--tpm2"])
+            .arg("--tpmstate")
+            .arg(format!(
+                "dir={}",
+                self.dir.path().join("cfg/state").display()
+            ))
+            .arg("--ctrl")
+            .arg(format!("type=unixio,path={}", ctrl.display()))
+            .spawn()
+            .expect("swtpm starts");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if ctrl.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        [
+            "-chardev",
+            &format!("socket,id=chrtpm,path={}", ctrl.display()),
+            "-tpmdev",
+            "emulator,id=tpm0,chardev=chrtpm",
+            "-device",
+            "tpm-tis,tpmdev=tpm0",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     fn power_on(&mut self) {
@@ -192,10 +236,7 @@ impl Swtpm {
 
 impl Drop for Swtpm {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.stop();
     }
 }
 
@@ -254,7 +295,7 @@ fn pe_kernel(variant: u8) -> Vec<u8> {
     pe
 }
 
-fn authenticode(pe: &[u8]) -> [u8; 32] {
+pub(crate) fn authenticode(pe: &[u8]) -> [u8; 32] {
     bootfleet::tpm::authenticode_sha256(pe).unwrap()
 }
 

@@ -211,8 +211,16 @@ impl NodeService {
             return Err(format!("kernel blob {digest} is not stored here"));
         }
         let path = registry.blobs.path_of(&digest);
+        // The bytes are checked against their digest as they are read: what is measured
+        // against is the image's kernel, whatever the disk holds now.
         let authenticode = tokio::task::spawn_blocking(move || {
-            trust.kernel_digest(digest, || std::fs::read(&path).map_err(|e| e.to_string()))
+            trust.kernel_digest(digest, || {
+                let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
+                match crate::api::Digest::of(&bytes) == digest {
+                    true => Ok(bytes),
+                    false => Err(format!("the stored kernel blob does not match {digest}")),
+                }
+            })
         })
         .await
         .map_err(|e| e.to_string())??;
