@@ -148,6 +148,15 @@ pub enum BenchCommand {
         #[arg(long)]
         measure_pid: u32,
     },
+    /// Quote verification on one thread: a TPM (`--tcti`, tpm2-tools' syntax, such as
+    /// swtpm:path=SOCKET) measures an OVMF-sized boot log and quotes it once; the
+    /// server's checks of that evidence then run for `--seconds`.
+    QuoteVerify {
+        #[arg(long)]
+        tcti: String,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
     /// The HTTP phase alone: N clients, each on its own connection, download every URL
     /// at once; every Nth cuts its first download halfway and resumes it.
     Http {
@@ -340,6 +349,13 @@ pub async fn run(
                 server_pid: measure_pid,
             };
             let report = storm::telemetry::run(server, &token, bench).await?;
+            emit(out, &report, |r| print!("{r}"))
+        }
+        BenchCommand::QuoteVerify { tcti, seconds } => {
+            let report = tokio::task::spawn_blocking(move || {
+                storm::quote::run(&tcti, Duration::from_secs_f64(seconds))
+            })
+            .await??;
             emit(out, &report, |r| print!("{r}"))
         }
         BenchCommand::Http {

@@ -11,6 +11,7 @@ pub mod copy;
 pub mod dhcp;
 pub mod node;
 pub mod procstat;
+pub mod quote;
 pub mod report;
 pub mod rollout;
 pub mod scrape;

@@ -546,7 +546,7 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     let (mut segment, server) = lab(n, bootfleet::dhcp::decide::Mode::Authoritative).await;
     let mac = format!("52:54:00:e2:{n:02x}:02");
     publish_and_assign(&server, &dir, &mac).await;
-    let (_, vm) = boot_until(
+    let (node, vm) = boot_until(
         &mut segment,
         &server,
         &mac,
@@ -557,8 +557,9 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     )
     .await;
     eprintln!(
-        "e2e: UEFI PXE -> TFTP snponly.efi power-on to ready {:?} (QEMU TCG)",
-        vm.powered.elapsed()
+        "e2e: UEFI PXE -> TFTP snponly.efi power-on to ready {:?} (QEMU TCG); steps: {}",
+        vm.powered.elapsed(),
+        steps_took(&node)
     );
     // OVMF's PXE fetched snponly.efi over TFTP (not its HTTP-boot fallback), and that
     // iPXE drove the NIC through the firmware's SNP.
@@ -578,6 +579,17 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
         "OVMF fell back to HTTP boot:\n{serial}"
     );
     server.stop().await;
+}
+
+/// The newest boot's steps and what each took, for the log.
+fn steps_took(node: &Value) -> String {
+    node["boots"][0]["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| format!("{} {} ms", s["step"].as_str().unwrap_or("?"), s["took_ms"]))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// (c') UEFI with a TPM (swtpm, EK certificate from its local CA): OVMF measures iPXE and
@@ -617,8 +629,13 @@ async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fail
     )
     .await;
     eprintln!(
-        "e2e: UEFI + swtpm power-on to attested {:?} (QEMU TCG)",
-        vm.powered.elapsed()
+        "e2e: UEFI + swtpm power-on to attested {:?} (QEMU TCG); steps: {}; agent: {}",
+        vm.powered.elapsed(),
+        steps_took(&node),
+        vm.serial()
+            .lines()
+            .find(|l| l.contains("tpm: quoted in"))
+            .unwrap_or("(no TPM timing)")
     );
     assert_eq!(node["state"], "ready", "{node}\n{}", vm.serial());
     let findings = &node["boots"][0]["tpm"];

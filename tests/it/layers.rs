@@ -78,7 +78,10 @@ const RULES: &[(&str, &[&str])] = &[
         ],
     ),
     ("cli", &["api", "auth", "config", "http_client"]),
-    ("storm", &["api", "clock", "http_client", "tftp", "cli"]),
+    (
+        "storm",
+        &["api", "clock", "http_client", "tftp", "cli", "tpm"],
+    ),
     (
         "config",
         &[

@@ -232,9 +232,16 @@ impl Agent {
     /// is worth.
     async fn tpm_evidence(&self) -> Option<TpmEvidence> {
         let (tcti, log) = self.tpm.clone()?;
+        let started = std::time::Instant::now();
         let result = self.tpm_conversation(tcti, log).await;
         match result {
-            Ok(evidence) => Some(evidence),
+            Ok(evidence) => {
+                eprintln!(
+                    "bootfleet-agent: tpm: quoted in {} ms",
+                    started.elapsed().as_millis()
+                );
+                Some(evidence)
+            }
             Err(why) => {
                 eprintln!("bootfleet-agent: tpm: {why}; attesting without TPM evidence");
                 None

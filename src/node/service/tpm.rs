@@ -117,7 +117,9 @@ impl NodeService {
     /// The node's policy: its `tpm` label, else `[tpm] policy` (an unknown label value
     /// counts as `required`: a typo must not turn checking off).
     pub(super) async fn tpm_policy(&self, mac: &crate::api::Mac) -> Result<TpmPolicy, AttestError> {
-        let node = self.store.node(mac).await?;
+        // The cached read (current as of the last committed write to the node): one per
+        // attestation, on the boot path.
+        let node = self.store.node_for_dhcp(mac).await?;
         let label = node
             .as_ref()
             .and_then(|n| n.labels.get(crate::tpm::POLICY_LABEL));
@@ -139,40 +141,27 @@ impl NodeService {
         if policy == TpmPolicy::Off {
             return Ok((None, Vec::new()));
         }
-        let challenge = self.store.tpm_challenge(&req.boot_id).await?;
-        let (challenge, evidence) = match (challenge, &req.tpm) {
-            (Some(c), Some(e)) => (c, e),
-            (None, None) if policy == TpmPolicy::Preferred => return Ok((None, Vec::new())),
-            (None, None) => {
-                return Ok((
+        // Without evidence there is nothing to look up: under `preferred` a node that
+        // sends none attests as one without a TPM (it could always have said nothing),
+        // and the boot path of a fleet without TPMs costs no query.
+        let Some(evidence) = &req.tpm else {
+            return Ok(match policy {
+                TpmPolicy::Required => (
                     None,
-                    vec![miss(
-                        "tpm",
-                        "TPM evidence (policy: required)",
-                        "none: the node asked for no TPM challenge",
-                    )],
-                ));
-            }
-            (Some(_), None) => {
-                return Ok((
-                    None,
-                    vec![miss(
-                        "tpm",
-                        "the quote answering this boot's TPM challenge",
-                        "no TPM evidence",
-                    )],
-                ));
-            }
-            (None, Some(_)) => {
-                return Ok((
-                    None,
-                    vec![miss(
-                        "tpm",
-                        "a TPM challenge before the quote",
-                        "TPM evidence without a challenge",
-                    )],
-                ));
-            }
+                    vec![miss("tpm", "TPM evidence (policy: required)", "none sent")],
+                ),
+                _ => (None, Vec::new()),
+            });
+        };
+        let Some(challenge) = self.store.tpm_challenge(&req.boot_id).await? else {
+            return Ok((
+                None,
+                vec![miss(
+                    "tpm",
+                    "a TPM challenge before the quote",
+                    "TPM evidence without a challenge",
+                )],
+            ));
         };
         let loadable = match self.loadable(image).await {
             Ok(l) => l,
