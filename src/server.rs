@@ -458,17 +458,87 @@ pub async fn start_tftp(
         server.http.nodes.clone(),
         server.http.metrics.clone(),
     ));
-    let server = std::sync::Arc::new(TftpServer::new(
-        std::sync::Arc::new(FileSource::new(
-            Some(cfg.ipxe_dir.clone()),
-            Some(server.blobs.clone()),
-        )),
-        cfg.tftp.clone(),
-        server.http.metrics.tftp(),
-        Some(transfers),
-    ));
+    let grub = GrubFiles {
+        nodes: server.http.nodes.clone(),
+        http_url: cfg.dhcp.http_url.clone(),
+        http_port: cfg.listen.port(),
+    };
+    let server = std::sync::Arc::new(
+        TftpServer::new(
+            std::sync::Arc::new(FileSource::new(
+                Some(cfg.ipxe_dir.clone()),
+                Some(server.blobs.clone()),
+            )),
+            cfg.tftp.clone(),
+            server.http.metrics.tftp(),
+            Some(transfers),
+        )
+        .with_generated(std::sync::Arc::new(grub)),
+    );
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
     Ok(Some(runtime.spawn(server.run(socket, shutdown))))
+}
+
+/// GRUB's files over TFTP, for the Secure Boot chain (shim, then Debian's signed GRUB,
+/// which has no HTTP): `grub/grub.cfg`, the same for every node, and each node's
+/// `boot/node.grub?mac=<mac>`, its boot script for GRUB from the node service (a boot
+/// record and token, as `/boot/node.ipxe`).
+struct GrubFiles {
+    nodes: std::sync::Arc<crate::node::service::NodeService>,
+    /// The HTTP base the agent reports to: `[dhcp] http_url`, else our address on the
+    /// node's segment and the HTTP port.
+    http_url: Option<String>,
+    http_port: u16,
+}
+
+#[async_trait::async_trait]
+impl crate::tftp::files::Generated for GrubFiles {
+    async fn generate(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        client: std::net::IpAddr,
+        local: std::net::IpAddr,
+    ) -> Option<bytes::Bytes> {
+        use crate::boot::script::Loader;
+        let server = self
+            .http_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{local}:{}", self.http_port));
+        let scripts = self.nodes.templates.grub(local);
+        let text = match path {
+            "grub/grub.cfg" => scripts.entry(&server).map_err(|e| e.to_string()),
+            "boot/node.grub" => {
+                let mac: crate::api::Mac = query?
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("mac="))?
+                    .parse()
+                    .ok()?;
+                let hyphens = mac.to_string().replace(':', "-");
+                let loader = Loader::Grub { tftp: local };
+                match self
+                    .nodes
+                    .node_script(&server, &mac, None, Some(client), loader)
+                    .await
+                {
+                    Ok(text) => Ok(text),
+                    // Too soon or from the wrong address: said on the console, asked again.
+                    Err(crate::node::service::BootError::Refused(refusal)) => scripts
+                        .held(&server, &hyphens, "refused", &refusal.to_string())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            _ => return None,
+        };
+        match text {
+            Ok(text) => Some(text.into()),
+            Err(e) => {
+                tracing::warn!(path, error = %e, "cannot make a GRUB file");
+                None
+            }
+        }
+    }
 }
 
 fn cores() -> usize {
@@ -530,6 +600,31 @@ async fn transfers_to_timeline(
             continue;
         };
         let now = crate::clock::now_ms();
+        // A blob named for a boot (GRUB's kernel and initrds) is that boot's download,
+        // as an HTTP one is: attestation asks what reached the boot.
+        if let (path, Some(query)) = crate::tftp::files::split_query(&transfer.file)
+            && let Some(hex) = path.trim_start_matches('/').strip_prefix("blobs/sha256/")
+            && let Ok(digest) = crate::api::Digest::from_hex(hex)
+            && let Some(boot) = query.split('&').find_map(|kv| kv.strip_prefix("boot="))
+        {
+            let done = matches!(
+                transfer.outcome,
+                crate::tftp::metrics::Outcome::Completed
+                    | crate::tftp::metrics::Outcome::Unconfirmed
+            );
+            nodes.fetches.record_done(
+                boot,
+                crate::store::Fetch {
+                    digest,
+                    started_at_ms: now - transfer.duration.as_millis() as i64,
+                    finished_at_ms: done.then_some(now),
+                    offset: 0,
+                    bytes: transfer.bytes,
+                    whole: done,
+                },
+            );
+            continue;
+        }
         let Some(mac) = nodes.addresses.get().and_then(|book| book.mac_at(ip, now)) else {
             continue;
         };

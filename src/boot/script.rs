@@ -24,7 +24,47 @@ const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../templates/unknown.ipxe.j2"),
     ),
     ("held.ipxe.j2", include_str!("../../templates/held.ipxe.j2")),
+    (
+        "entry.grub.j2",
+        include_str!("../../templates/entry.grub.j2"),
+    ),
+    ("node.grub.j2", include_str!("../../templates/node.grub.j2")),
+    (
+        "unassigned.grub.j2",
+        include_str!("../../templates/unassigned.grub.j2"),
+    ),
+    (
+        "unknown.grub.j2",
+        include_str!("../../templates/unknown.grub.j2"),
+    ),
+    ("held.grub.j2", include_str!("../../templates/held.grub.j2")),
 ];
+
+/// The boot program a script is written for: iPXE, or GRUB (the Secure Boot chain:
+/// shim, then Debian's signed GRUB, which loads only signed kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loader {
+    Ipxe,
+    /// Debian's signed GRUB has no HTTP: its files come over TFTP from `tftp`.
+    Grub {
+        tftp: std::net::IpAddr,
+    },
+}
+
+impl Loader {
+    fn template(self, stem: &str) -> String {
+        match self {
+            Loader::Ipxe => format!("{stem}.ipxe.j2"),
+            Loader::Grub { .. } => format!("{stem}.grub.j2"),
+        }
+    }
+}
+
+/// The templates of one boot program.
+pub struct Scripts<'a> {
+    templates: &'a BootTemplates,
+    loader: Loader,
+}
 
 /// Retry delays (seconds) for every fetch of a boot: 1, 2, 4, 8, 16 (31 s in all).
 pub const RETRY_DELAYS: [u32; 5] = [1, 2, 4, 8, 16];
@@ -110,7 +150,22 @@ pub(super) fn strict_environment() -> Environment<'static> {
             .build()
             .expect("default delimiters are valid"),
     );
+    env.add_filter("grub_tftp", grub_tftp);
+    env.add_filter("grub_quote", grub_quote);
     env
+}
+
+/// A URL of ours as GRUB fetches the same file over TFTP from `host`: `(tftp,HOST)/path?query`.
+/// (The TFTP server serves blobs at the same paths; GRUB appends the query to the name.)
+fn grub_tftp(url: &str, host: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.find('/').map_or("", |i| &rest[i + 1..]);
+    format!("(tftp,{host})/{path}")
+}
+
+/// One word in single quotes, where GRUB expands nothing (`'` itself as `'\''`).
+fn grub_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
 }
 
 impl BootTemplates {
@@ -162,19 +217,51 @@ impl BootTemplates {
             .map_err(invalid)
     }
 
+    /// The scripts of one boot program.
+    pub fn scripts(&self, loader: Loader) -> Scripts<'_> {
+        Scripts {
+            templates: self,
+            loader,
+        }
+    }
+
+    pub fn ipxe(&self) -> Scripts<'_> {
+        self.scripts(Loader::Ipxe)
+    }
+
+    /// GRUB's, for files served over TFTP from `tftp`.
+    pub fn grub(&self, tftp: std::net::IpAddr) -> Scripts<'_> {
+        self.scripts(Loader::Grub { tftp })
+    }
+}
+
+impl Scripts<'_> {
+    fn render(&self, stem: &str, ctx: minijinja::Value) -> Result<String, TemplateError> {
+        let tftp = match self.loader {
+            Loader::Grub { tftp } => tftp.to_string(),
+            Loader::Ipxe => String::new(),
+        };
+        let ctx = minijinja::context! { tftp, ..ctx };
+        self.templates.render(&self.loader.template(stem), ctx)
+    }
+
     /// `/boot.ipxe`: the same for every client.
     pub fn entry(&self, server: &str) -> Result<String, TemplateError> {
-        self.render("entry.ipxe.j2", minijinja::context! { server })
+        self.render("entry", minijinja::context! { server })
     }
 
     /// A node with an image: kernel and initrds by digest, with retries.
     pub fn node(&self, b: &NodeBoot<'_>) -> Result<String, TemplateError> {
-        let initrd_args: Vec<String> = b
-            .image
-            .initrds
-            .iter()
-            .map(|i| format!("initrd={}", i.name))
-            .collect();
+        // iPXE hands a UEFI kernel its initrds by name; GRUB's initrd command loads them.
+        let initrd_args: Vec<String> = match self.loader {
+            Loader::Ipxe => b
+                .image
+                .initrds
+                .iter()
+                .map(|i| format!("initrd={}", i.name))
+                .collect(),
+            Loader::Grub { .. } => Vec::new(),
+        };
         // The image's command line, then what the agent needs to find and prove its boot.
         let kernel_args = [
             initrd_args.join(" "),
@@ -215,14 +302,16 @@ impl BootTemplates {
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
+        let kernel_words: Vec<String> = kernel_args.split_whitespace().map(String::from).collect();
         self.render(
-            "node.ipxe.j2",
+            "node",
             minijinja::context! {
                 server => b.server,
                 mac => b.mac,
                 boot_id => b.boot_id,
                 image => minijinja::Value::from(minijinja::value::Serde(b.image)),
                 kernel_args,
+                kernel_words,
                 delays => RETRY_DELAYS,
             },
         )
@@ -237,7 +326,7 @@ impl BootTemplates {
         local_boot: bool,
     ) -> Result<String, TemplateError> {
         self.render(
-            "unassigned.ipxe.j2",
+            "unassigned",
             minijinja::context! { server, mac, local_boot, retry_seconds => 60 },
         )
     }
@@ -251,7 +340,7 @@ impl BootTemplates {
         reason: &str,
     ) -> Result<String, TemplateError> {
         self.render(
-            "held.ipxe.j2",
+            "held",
             minijinja::context! { server, mac, state, reason, retry_seconds => 60 },
         )
     }
@@ -259,7 +348,7 @@ impl BootTemplates {
     /// A node seen for the first time.
     pub fn unknown(&self, server: &str, mac: &str) -> Result<String, TemplateError> {
         self.render(
-            "unknown.ipxe.j2",
+            "unknown",
             minijinja::context! { server, mac, retry_seconds => 60 },
         )
     }
@@ -308,6 +397,7 @@ mod tests {
             verity: verity.clone(),
         });
         let s = BootTemplates::builtin()
+            .ipxe()
             .node(&NodeBoot {
                 server: "http://10.0.0.1:8080",
                 mac: "52-54-00-12-34-56",
@@ -327,15 +417,16 @@ mod tests {
 
     fn node_script(t: &BootTemplates) -> String {
         let image = image();
-        t.node(&NodeBoot {
-            server: "http://10.0.0.1:8080",
-            mac: "52-54-00-12-34-56",
-            boot_id: "b-42",
-            token: "secret-token",
-            image: &image,
-            rootfs_cache: None,
-        })
-        .unwrap()
+        t.ipxe()
+            .node(&NodeBoot {
+                server: "http://10.0.0.1:8080",
+                mac: "52-54-00-12-34-56",
+                boot_id: "b-42",
+                token: "secret-token",
+                image: &image,
+                rootfs_cache: None,
+            })
+            .unwrap()
     }
 
     #[test]
@@ -354,25 +445,26 @@ mod tests {
     #[test]
     fn every_builtin_template_renders() {
         let t = BootTemplates::builtin();
-        let entry = t.entry("http://10.0.0.1:8080").unwrap();
+        let entry = t.ipxe().entry("http://10.0.0.1:8080").unwrap();
         assert!(entry.starts_with("#!ipxe\n"), "{entry}");
         assert!(entry.contains(
             "chain --autofree http://10.0.0.1:8080/boot/node.ipxe?mac=${mac:hexhyp}&uuid=${uuid}"
         ));
-        let unassigned = t.unassigned("http://s", "aa-bb", true).unwrap();
+        let unassigned = t.ipxe().unassigned("http://s", "aa-bb", true).unwrap();
         assert!(unassigned.contains("\nexit"), "{unassigned}");
-        let waiting = t.unassigned("http://s", "aa-bb", false).unwrap();
+        let waiting = t.ipxe().unassigned("http://s", "aa-bb", false).unwrap();
         assert!(
             waiting.contains("sleep 60") && waiting.contains("chain --autofree http://s/boot.ipxe")
         );
         let held = t
+            .ipxe()
             .held("http://s", "aa-bb", "quarantined", "3 failed validations")
             .unwrap();
         assert!(
             held.contains("aa-bb is quarantined: 3 failed validations"),
             "{held}"
         );
-        let unknown = t.unknown("http://s", "aa-bb").unwrap();
+        let unknown = t.ipxe().unknown("http://s", "aa-bb").unwrap();
         assert!(unknown.starts_with("#!ipxe\n") && unknown.contains("aa-bb"));
         assert!(node_script(&t).starts_with("#!ipxe\n"));
     }
@@ -430,7 +522,10 @@ mod tests {
         )
         .unwrap();
         let t = BootTemplates::with_overrides(dir.path()).unwrap();
-        assert_eq!(t.entry("http://x").unwrap(), "#!ipxe\n# site http://x\n");
+        assert_eq!(
+            t.ipxe().entry("http://x").unwrap(),
+            "#!ipxe\n# site http://x\n"
+        );
         assert!(
             node_script(&t).contains("kernel http://"),
             "others stay built in"
@@ -450,6 +545,7 @@ mod tests {
         let t = BootTemplates::with_overrides(dir.path()).unwrap();
         let image = image();
         let e = t
+            .ipxe()
             .node(&NodeBoot {
                 server: "s",
                 mac: "m",
@@ -462,6 +558,61 @@ mod tests {
         assert!(
             e.to_string().contains("kernle_url") || e.to_string().contains("undefined"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_grub_script_fetches_by_digest_over_tftp_with_every_word_quoted() {
+        let t = BootTemplates::builtin();
+        let mut image = image();
+        image.cmdline = "console=ttyS0 it's $HOME".into();
+        let tftp: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        let s = t
+            .grub(tftp)
+            .node(&NodeBoot {
+                server: "http://10.0.0.1:8080",
+                mac: "52-54-00-12-34-56",
+                boot_id: "b-42",
+                token: "b-42.secret",
+                image: &image,
+                rootfs_cache: None,
+            })
+            .unwrap();
+        let linux = s.lines().find(|l| l.starts_with("linux ")).expect(&s);
+        let kernel = format!(
+            "linux '(tftp,10.0.0.1)/blobs/sha256/{}?boot=b1'",
+            Digest::of(b"kernel").hex()
+        );
+        assert!(linux.starts_with(&kernel), "{linux}");
+        // Quoted word by word: GRUB expands nothing, and a quote survives.
+        for word in [
+            "'console=ttyS0'",
+            r"'it'\''s'",
+            "'$HOME'",
+            "'bootfleet.token=b-42.secret'",
+            "'bootfleet.server=http://10.0.0.1:8080'",
+        ] {
+            assert!(linux.contains(word), "{word} not in {linux}");
+        }
+        assert!(!linux.contains("initrd="), "{linux}");
+        let initrd = s.lines().find(|l| l.starts_with("initrd ")).expect(&s);
+        assert!(
+            initrd.contains("'(tftp,10.0.0.1)/blobs/sha256/"),
+            "{initrd}"
+        );
+        assert!(s.contains("\nboot\n"), "{s}");
+        // The entry asks for the node's own file, over TFTP.
+        let entry = t.grub(tftp).entry("http://10.0.0.1:8080").unwrap();
+        assert!(
+            entry.contains(
+                "configfile \"(tftp,${net_default_server})/boot/node.grub?mac=${net_default_mac}\""
+            ),
+            "{entry}"
+        );
+        let unknown = t.grub(tftp).unknown("http://s", "aa-bb").unwrap();
+        assert!(
+            unknown.contains("configfile '(tftp,10.0.0.1)/boot/node.grub?mac=aa-bb'"),
+            "{unknown}"
         );
     }
 }

@@ -104,6 +104,7 @@ pub async fn node_script(
             &mac,
             uuid.as_deref(),
             from,
+            crate::node::service::Loader::Ipxe,
         )
         .await
     {

@@ -44,6 +44,30 @@ pub struct FileSource {
     cache: Mutex<HashMap<PathBuf, Cached>>,
 }
 
+/// Files made on request rather than read from disk: GRUB's configuration, per node.
+/// The TFTP server asks before it looks on disk; the server's node service answers.
+#[async_trait::async_trait]
+pub trait Generated: Send + Sync {
+    /// The contents of `path` (checked) with its `query` (after `?`, as GRUB appends one),
+    /// asked by `client` at our `local` address; None when `path` is not one of these.
+    async fn generate(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        client: std::net::IpAddr,
+        local: std::net::IpAddr,
+    ) -> Option<Bytes>;
+}
+
+/// A requested name split at its first `?`: the path, and the query GRUB appends to
+/// per-boot names (`blobs/sha256/<hex>?boot=<id>`).
+pub fn split_query(name: &str) -> (&str, Option<&str>) {
+    match name.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (name, None),
+    }
+}
+
 /// Checks a requested name and returns its normalised form.
 pub fn check_name(name: &str) -> Result<String, NameError> {
     normalize_path_within(name, MAX_NAME_LEN)

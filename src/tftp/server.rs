@@ -12,7 +12,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::files::{FileSource, Opened, check_name};
+use super::files::{Content, FileSource, Generated, Opened, check_name, split_query};
 use super::metrics::{Outcome, TftpMetrics, TransferEvent};
 use super::options::{OptionLimits, negotiate};
 use super::packet::{ErrorCode, Packet, encode_data_header};
@@ -50,6 +50,8 @@ pub struct TftpServer {
     /// Transfers in progress by client address, so a retransmitted request nudges its
     /// transfer instead of starting a second one.
     active: std::sync::Mutex<HashMap<SocketAddr, Arc<Notify>>>,
+    /// Files made on request (GRUB's per-node configuration), asked before the disk.
+    generated: Option<Arc<dyn Generated>>,
 }
 
 /// Removes a transfer from `active` when it ends, however it ends.
@@ -81,7 +83,14 @@ impl TftpServer {
             metrics,
             events,
             active: Default::default(),
+            generated: None,
         }
+    }
+
+    /// Serves `generated`'s files too.
+    pub fn with_generated(mut self, generated: Arc<dyn Generated>) -> Self {
+        self.generated = Some(generated);
+        self
     }
 
     pub fn metrics(&self) -> &Arc<TftpMetrics> {
@@ -247,7 +256,12 @@ impl TftpServer {
             send_error(&socket, ErrorCode::IllegalOperation, &m).await;
             return Outcome::Refused(m);
         }
-        let name = match check_name(&request.filename) {
+        let (path, query) = split_query(&request.filename);
+        // GRUB names files from the root (`/grub/grub.cfg`), as many TFTP clients do:
+        // the root is ours, so a leading `/` is read as the root (what follows is checked
+        // as any name is).
+        let path = path.trim_start_matches('/');
+        let name = match check_name(path) {
             Ok(n) => n,
             Err(e) => {
                 self.metrics.refused_paths.fetch_add(1, Ordering::Relaxed);
@@ -256,7 +270,16 @@ impl TftpServer {
                 return Outcome::Refused(m);
             }
         };
-        let opened = {
+        let made = match &self.generated {
+            Some(g) => g.generate(&name, query, client.ip(), local_ip).await,
+            None => None,
+        };
+        let opened = if let Some(bytes) = made {
+            Ok(Opened {
+                len: bytes.len() as u64,
+                content: Content::Memory(bytes),
+            })
+        } else {
             // A stat, and a first read of a small file: on the blocking pool, since a
             // slow disk must not stall every other transfer.
             let files = self.files.clone();

@@ -65,7 +65,8 @@ pub struct Trust {
     pub policy: TpmPolicy,
     /// None: EKs are trusted on first use.
     pub roots: Option<ekcert::EkRoots>,
-    /// The EFI binaries in the iPXE directory, each a boot loader firmware may load.
+    /// The EFI binaries in the TFTP directory (iPXE's; shim and GRUB's for Secure Boot),
+    /// each a boot loader firmware may load.
     pub loaders: Vec<verify::Loadable>,
     /// Kernels' Authenticode digests by their blob's SHA-256 (blobs never change).
     kernels:
@@ -74,7 +75,7 @@ pub struct Trust {
 
 impl Trust {
     /// Reads `[tpm]`'s CA files and digests every `*.efi` in `ipxe_dir` (a missing
-    /// directory gives no loaders: TPM boots then fail naming iPXE's digest).
+    /// directory gives no loaders: TPM boots then fail naming the loader's digest).
     pub fn load(settings: &TpmSettings, ipxe_dir: &std::path::Path) -> anyhow::Result<Self> {
         let roots = match settings.ek_ca_files.is_empty() {
             true => None,
@@ -91,10 +92,12 @@ impl Trust {
                 let bytes = std::fs::read(path)?;
                 match authenticode_sha256(&bytes) {
                     Ok(digest) => loaders.push(verify::Loadable {
-                        name: format!(
-                            "iPXE {}",
-                            path.file_name().unwrap_or_default().to_string_lossy()
-                        ),
+                        // iPXE's binaries, or shim and GRUB for Secure Boot nodes.
+                        name: path
+                            .file_name()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .into_owned(),
                         digest,
                         is_kernel: false,
                     }),

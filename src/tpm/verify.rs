@@ -19,7 +19,7 @@ pub const QUOTED_PCRS: [u8; 9] = [0, 1, 2, 3, 4, 5, 6, 7, 9];
 /// What the firmware may load for this boot, by Authenticode SHA-256.
 #[derive(Debug, Clone)]
 pub struct Loadable {
-    /// What a person calls it: "iPXE snponly.efi", "kernel vmlinuz".
+    /// What a person calls it: "snponly.efi", "kernel vmlinuz".
     pub name: String,
     pub digest: [u8; 32],
     /// The image's kernel: the one application that must be measured.

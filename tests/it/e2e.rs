@@ -158,6 +158,8 @@ pub(crate) struct Segment {
     pub(crate) memory_mb: u32,
     /// More QEMU arguments for the next VM (a disk).
     pub(crate) extra_args: Vec<String>,
+    /// UEFI VMs boot OVMF with Microsoft's keys enrolled: Secure Boot on.
+    pub(crate) secure_boot: bool,
     pub(crate) vm: Option<Child>,
     /// Namespaces hanging off the bridge (a site DHCP server), removed on drop.
     namespaces: Vec<String>,
@@ -177,6 +179,7 @@ impl Segment {
             tap,
             memory_mb: 512,
             extra_args: Vec::new(),
+            secure_boot: false,
             vm: None,
             namespaces: vec![],
             children: vec![],
@@ -206,7 +209,18 @@ impl Segment {
     /// Powers on a UEFI (OVMF) VM whose NIC has no option ROM: OVMF's own PXE fetches
     /// the iPXE EFI binary over TFTP.
     fn power_on_uefi(&mut self, mac: &str, log: &Path, vars: &Path) {
-        std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", vars).unwrap();
+        let (code, vars_template) = if self.secure_boot {
+            (
+                "/usr/share/OVMF/OVMF_CODE_4M.ms.fd",
+                "/usr/share/OVMF/OVMF_VARS_4M.ms.fd",
+            )
+        } else {
+            (
+                "/usr/share/OVMF/OVMF_CODE_4M.fd",
+                "/usr/share/OVMF/OVMF_VARS_4M.fd",
+            )
+        };
+        std::fs::copy(vars_template, vars).unwrap();
         let vm = Command::new("qemu-system-x86_64")
             .args([
                 "-machine",
@@ -219,7 +233,7 @@ impl Segment {
             ])
             .args([
                 "-drive",
-                "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+                &format!("if=pflash,format=raw,readonly=on,file={code}"),
             ])
             .args([
                 "-drive",
@@ -581,6 +595,37 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
     server.stop().await;
 }
 
+/// Changes one byte of the version string of `image`'s kernel blob in place (same size;
+/// it still boots, but it is no longer the blob its digest names, nor what Debian
+/// signed), behind the server's back. Returns the new bytes.
+async fn swap_kernel(server: &TestServer, image: &Value) -> Vec<u8> {
+    let (_, shown) = server
+        .json(&format!(
+            "/api/v1/images/{}",
+            image["digest"].as_str().unwrap()
+        ))
+        .await;
+    let kernel = shown["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["role"] == "kernel")
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
+    let blob = server.blob_dir().join(&kernel);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let at = bytes
+        .windows(13)
+        .position(|w| w == b"debian-kernel")
+        .expect("the kernel's version string");
+    bytes[at] = b'D';
+    std::fs::write(&blob, &bytes).unwrap();
+    bytes
+}
+
 /// The newest boot's steps and what each took, for the log.
 fn steps_took(node: &Value) -> String {
     node["boots"][0]["steps"]
@@ -645,7 +690,7 @@ async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fail
         .iter()
         .filter_map(|m| m["matched"].as_str())
         .collect();
-    assert_eq!(matched.first(), Some(&"iPXE snponly.efi"), "{findings}");
+    assert_eq!(matched.first(), Some(&"snponly.efi"), "{findings}");
     assert_eq!(matched.last(), Some(&"kernel vmlinuz"), "{findings}");
 
     // Swap the kernel blob in place: same size, one byte of the version string.
@@ -653,31 +698,7 @@ async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fail
         let _ = vm.kill();
         let _ = vm.wait();
     }
-    let (_, shown) = server
-        .json(&format!(
-            "/api/v1/images/{}",
-            image["digest"].as_str().unwrap()
-        ))
-        .await;
-    let kernel = shown["artifacts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["role"] == "kernel")
-        .unwrap()["digest"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("sha256:")
-        .to_string();
-    let blob = server.blob_dir().join(&kernel);
-    let mut bytes = std::fs::read(&blob).unwrap();
-    let at = bytes
-        .windows(13)
-        .position(|w| w == b"debian-kernel")
-        .expect("the kernel's version string");
-    bytes[at] = b'D';
-    let swapped = crate::tpm::authenticode(&bytes);
-    std::fs::write(&blob, &bytes).unwrap();
+    let swapped = crate::tpm::authenticode(&swap_kernel(&server, &image).await);
     segment.extra_args = tpm.for_qemu();
     let (node, vm) = boot_until(
         &mut segment,
@@ -714,6 +735,111 @@ async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fail
         outcome.contains("tpm.pcr4") && outcome.contains(&hex::encode(swapped)),
         "{outcome}"
     );
+    server.stop().await;
+}
+
+/// (c'') UEFI Secure Boot on (OVMF with Microsoft's keys enrolled): OVMF loads Debian's
+/// signed shim over TFTP, shim the signed network GRUB, GRUB its configuration from
+/// bootfleet (`grub/grub.cfg`, then the node's `boot/node.grub`) and the image's
+/// Debian-signed kernel and initrd over TFTP: the node boots to ready. Then the kernel
+/// blob is swapped behind the server's back (one byte of its version string): GRUB
+/// refuses it (its signature no longer verifies) and the node's timeline stops after
+/// the kernel's transfer, unattested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_boot_vm_boots_the_signed_chain_and_a_tampered_kernel_is_refused() {
+    require();
+    const SHIM: &str = "/usr/lib/shim/shimx64.efi.signed";
+    const GRUB: &str = "/usr/lib/grub/x86_64-efi-signed/grubnetx64.efi.signed";
+    for (file, package) in [
+        (SHIM, "shim-signed"),
+        (GRUB, "grub-efi-amd64-signed"),
+        ("/usr/share/OVMF/OVMF_CODE_4M.ms.fd", "ovmf"),
+    ] {
+        assert!(
+            Path::new(file).exists(),
+            "{file} is missing: apt-get install {package}"
+        );
+    }
+    // The TFTP directory: shim as the boot file, GRUB under the name shim asks for.
+    let tftp = tempfile::tempdir().unwrap();
+    std::fs::copy(SHIM, tftp.path().join("shimx64.efi")).unwrap();
+    std::fs::copy(GRUB, tftp.path().join("grubx64.efi")).unwrap();
+    let n = segment_number(7);
+    let (_d, dir) = built("1", "").await;
+    let tftp_dir = tftp.path().to_path_buf();
+    let (mut segment, server) = lab_with(
+        n,
+        bootfleet::dhcp::decide::Mode::Authoritative,
+        Default::default(),
+        move |cfg| {
+            cfg.ipxe_dir = tftp_dir;
+            cfg.dhcp.files.uefi_x64 = "shimx64.efi".into();
+        },
+    )
+    .await;
+    let mac = format!("52:54:00:e2:{n:02x}:07");
+    let image = publish_and_assign(&server, &dir, &mac).await;
+    segment.secure_boot = true;
+    let (node, vm) = boot_until(
+        &mut segment,
+        &server,
+        &mac,
+        Firmware::Uefi,
+        Duration::from_secs(300),
+        "Secure Boot through shim and GRUB to ready",
+        |n| n["state"] == "ready",
+    )
+    .await;
+    eprintln!(
+        "e2e: Secure Boot, shim -> GRUB -> signed kernel, power-on to ready {:?} (QEMU TCG); steps: {}",
+        vm.powered.elapsed(),
+        steps_took(&node)
+    );
+    let serial = vm.serial();
+    for seen in [
+        "NBP filename is shimx64.efi",
+        "Fetching Netboot Image grubx64.efi",
+        "secureboot: Secure boot enabled",
+    ] {
+        assert!(
+            serial.contains(seen),
+            "{seen:?} not on the console:\n{serial}"
+        );
+    }
+
+    // The same blob, one byte changed: no longer what Debian signed.
+    if let Some(mut vm) = segment.vm.take() {
+        let _ = vm.kill();
+        let _ = vm.wait();
+    }
+    swap_kernel(&server, &image).await;
+    let vm = Vm {
+        logs: tempfile::tempdir().unwrap(),
+        powered: Instant::now(),
+    };
+    segment.power_on_uefi(&mac, &vm.log(), &vm.logs.path().join("vars.fd"));
+    let refused = Instant::now();
+    while !vm.serial().contains("bad shim signature") {
+        assert!(
+            refused.elapsed() < Duration::from_secs(300),
+            "GRUB did not refuse the kernel:\n{}",
+            vm.serial()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // The timeline shows where it stopped: the kernel arrived whole, and nothing came
+    // after it (GRUB's initrd command needs a loaded kernel).
+    let (_, node) = server.json(&format!("/api/v1/nodes/{mac}")).await;
+    let boot = &node["boots"][0];
+    assert_eq!(boot["stopped_at"], "initrd initrd.img", "{boot}");
+    let kernel_step = boot["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step"] == "kernel")
+        .unwrap_or_else(|| panic!("no kernel step: {boot}"));
+    assert_eq!(kernel_step["outcome"], "ok", "{boot}");
+    assert_ne!(node["state"], "ready", "{node}");
     server.stop().await;
 }
 

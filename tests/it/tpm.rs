@@ -369,7 +369,7 @@ async fn an_agent_quotes_with_its_tpm_and_a_kernel_not_the_images_fails_naming_p
         .collect();
     assert_eq!(
         matched,
-        ["iPXE snponly.efi", "kernel vmlinuz", "kernel vmlinuz"],
+        ["snponly.efi", "kernel vmlinuz", "kernel vmlinuz"],
         "{findings}"
     );
     let (_, events) = server.json("/api/v1/events?since=0&limit=1000").await;

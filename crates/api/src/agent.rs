@@ -84,7 +84,7 @@ pub struct TpmMeasurement {
     pub pcr: u32,
     pub event: String,
     pub digest: String,
-    /// What it is ("iPXE snponly.efi", "kernel vmlinuz"); None: nothing this boot was
+    /// What it is ("snponly.efi", "kernel vmlinuz"); None: nothing this boot was
     /// given.
     pub matched: Option<String>,
 }

@@ -91,6 +91,14 @@ impl FetchRecorder {
         }
     }
 
+    /// Records a download made another way than through `track` (a TFTP transfer named
+    /// with `?boot=`); a boot id not of our shape is ignored.
+    pub fn record_done(&self, boot: &str, fetch: Fetch) {
+        if plausible_boot_id(boot) {
+            self.record(boot.to_string(), fetch);
+        }
+    }
+
     /// Returns once every record queued before this call is written.
     pub async fn flush(&self) {
         let (done, wait) = oneshot::channel();

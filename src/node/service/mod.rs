@@ -5,6 +5,9 @@
 //! as steps. Node state changes go through the controller (`node::controller`).
 
 pub mod admin;
+
+/// The boot program a node script is written for.
+pub use crate::boot::script::Loader;
 pub mod attest;
 pub mod fetches;
 pub mod fleet;
@@ -130,18 +133,21 @@ fn random_hex(bytes: usize) -> String {
 
 impl NodeService {
     pub fn entry(&self, server: &str) -> Result<String, BootError> {
-        Ok(self.templates.entry(server)?)
+        Ok(self.templates.ipxe().entry(server)?)
     }
 
-    /// The script for `mac`, asked for from `from`, recording what happened.
+    /// The script for `mac`, for its boot program, asked for from `from`, recording
+    /// what happened.
     pub async fn node_script(
         &self,
         server: &str,
         mac: &Mac,
         uuid: Option<&str>,
         from: Option<std::net::IpAddr>,
+        loader: crate::boot::script::Loader,
     ) -> Result<String, BootError> {
         let started = std::time::Instant::now();
+        let scripts = self.templates.scripts(loader);
         let hyphens = mac.to_string().replace(':', "-");
         let Some((node, new)) = self
             .controller
@@ -149,7 +155,7 @@ impl NodeService {
             .await?
         else {
             // Past the discovery cap: the unknown script, nothing recorded.
-            return Ok(self.templates.unknown(server, &hyphens)?);
+            return Ok(scripts.unknown(server, &hyphens)?);
         };
         if let (Some(seen), Some(kept)) = (uuid, node.uuid.as_deref())
             && !seen.eq_ignore_ascii_case(kept)
@@ -158,22 +164,17 @@ impl NodeService {
             tracing::warn!(security = true, %mac, seen, kept, "boot request names another UUID than the node's; the first one seen is kept");
         }
         if new {
-            return Ok(self.templates.unknown(server, &hyphens)?);
+            return Ok(scripts.unknown(server, &hyphens)?);
         }
         // The same rule as DHCP's: a node labelled boot=local gets no image on any path.
         if crate::node::directory::boots_locally(&node.labels) {
-            return Ok(self.templates.unassigned(server, &hyphens, true)?);
+            return Ok(scripts.unassigned(server, &hyphens, true)?);
         }
         let Some(assigned) = node.assigned.clone() else {
-            return Ok(self.templates.unassigned(server, &hyphens, false)?);
+            return Ok(scripts.unassigned(server, &hyphens, false)?);
         };
         if node.state == NodeState::Quarantined {
-            return Ok(self.templates.held(
-                server,
-                &hyphens,
-                node.state.as_str(),
-                &node.state_reason,
-            )?);
+            return Ok(scripts.held(server, &hyphens, node.state.as_str(), &node.state_reason)?);
         }
         let now = crate::clock::now_ms();
         let seen = self
@@ -194,9 +195,7 @@ impl NodeService {
             Ok(image) => image,
             Err(reason) => {
                 tracing::warn!(%mac, reason, "cannot boot node");
-                return Ok(self
-                    .templates
-                    .held(server, &hyphens, node.state.as_str(), &reason)?);
+                return Ok(scripts.held(server, &hyphens, node.state.as_str(), &reason)?);
             }
         };
         // The token names its boot, so agent calls are checked from the header alone.
@@ -222,7 +221,7 @@ impl NodeService {
             .apply_with(mac, NodeEvent::BootStarted, &reason, Some(&boot))
             .await?;
         self.time_script(started, &preboot, now);
-        Ok(self.templates.node(&NodeBoot {
+        Ok(scripts.node(&NodeBoot {
             server,
             mac: &hyphens,
             boot_id: &boot_id,
