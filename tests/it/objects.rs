@@ -6,7 +6,7 @@
 use crate::harness::{TestServer, good_bundle, noise};
 
 /// The digest of `name:version`'s kernel, as the server lists it.
-async fn kernel_digest(server: &TestServer, reference: &str) -> String {
+pub(crate) async fn kernel_digest(server: &TestServer, reference: &str) -> String {
     let (status, image) = server.json(&format!("/api/v1/images/{reference}")).await;
     assert_eq!(status, 200, "{image}");
     image["artifacts"]

@@ -130,27 +130,8 @@ impl Swtpm {
     /// machine's TPM: its control socket only, started by the firmware. Returns QEMU's
     /// arguments for it (a TIS TPM).
     pub(crate) fn for_qemu(&mut self) -> Vec<String> {
-        self.stop();
         let ctrl = self.dir.path().join("qemu-ctrl.sock");
-        let _ = std::fs::remove_file(&ctrl);
-        let child = Command::new("swtpm")
-            .args(["socket", "--tpm2"])
-            .arg("--tpmstate")
-            .arg(format!(
-                "dir={}",
-                self.dir.path().join("cfg/state").display()
-            ))
-            .arg("--ctrl")
-            .arg(format!("type=unixio,path={}", ctrl.display()))
-            .spawn()
-            .expect("swtpm starts");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if ctrl.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        self.start(&[], &ctrl, None);
         [
             "-chardev",
             &format!("socket,id=chrtpm,path={}", ctrl.display()),
@@ -170,32 +151,40 @@ impl Swtpm {
         }
     }
 
+    /// Powered on for tpm2-tools: its command socket and control socket, started.
     fn power_on(&mut self) {
         let sock = self.socket();
-        let _ = std::fs::remove_file(&sock);
         let ctrl = PathBuf::from(format!("{}.ctrl", sock.display()));
-        let _ = std::fs::remove_file(&ctrl);
-        let child = Command::new("swtpm")
-            .args(["socket", "--tpm2", "--flags", "startup-clear"])
-            .arg("--tpmstate")
-            .arg(format!(
-                "dir={}",
-                self.dir.path().join("cfg/state").display()
-            ))
-            .arg("--server")
-            .arg(format!("type=unixio,path={}", sock.display()))
-            .arg("--ctrl")
-            .arg(format!("type=unixio,path={}", ctrl.display()))
-            .spawn()
-            .expect("swtpm starts");
-        self.child = Some(child);
+        self.start(&["--flags", "startup-clear"], &ctrl, Some(&sock));
+    }
+
+    /// (Re)starts swtpm on its state with a control socket at `ctrl` and, for tools, a
+    /// command socket at `server`; waits until they are open.
+    fn start(&mut self, flags: &[&str], ctrl: &Path, server: Option<&Path>) {
+        self.stop();
+        for path in std::iter::once(ctrl).chain(server) {
+            let _ = std::fs::remove_file(path);
+        }
+        let mut cmd = Command::new("swtpm");
+        cmd.args(["socket", "--tpm2"]).args(flags);
+        cmd.arg("--tpmstate").arg(format!(
+            "dir={}",
+            self.dir.path().join("cfg/state").display()
+        ));
+        if let Some(server) = server {
+            cmd.arg("--server")
+                .arg(format!("type=unixio,path={}", server.display()));
+        }
+        cmd.arg("--ctrl")
+            .arg(format!("type=unixio,path={}", ctrl.display()));
+        self.child = Some(cmd.spawn().expect("swtpm starts"));
         for _ in 0..200 {
-            if sock.exists() && ctrl.exists() {
+            if ctrl.exists() && server.is_none_or(Path::exists) {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        panic!("swtpm did not open {}", sock.display());
+        panic!("swtpm did not open {}", ctrl.display());
     }
 
     /// A reboot: the TPM restarts with cleared PCRs, then the firmware measures `log`.
