@@ -18,7 +18,7 @@ pub enum Access {
     NodeRepair,
     /// Changes to images, tags, nodes, power and rollouts.
     Operate,
-    /// Tokens and BMC credentials.
+    /// Tokens, BMC credentials and TPM enrolments.
     Admin,
 }
 
@@ -49,6 +49,8 @@ pub fn needs(method: &Method, route: &str) -> Access {
     match route {
         // They carry (or remove) a BMC's credentials.
         "/nodes/{mac}/bmc" | "/bmcs" | "/bmcs/{id}" => Access::Admin,
+        // They decide which TPM, hence which hardware, a node's attestation trusts.
+        "/nodes/{mac}/tpm" => Access::Admin,
         "/nodes/{mac}/reimage" | "/nodes/{mac}/revalidate" => Access::NodeRepair,
         _ => Access::Operate,
     }

@@ -121,6 +121,11 @@ pub enum NodeCommand {
     /// How a node's BMC is reached (Redfish or IPMI, and the credential's name).
     #[command(subcommand)]
     Bmc(super::power::BmcCommand),
+    /// The endorsement key a node's TPM attests with: show it, register one (before the
+    /// node's first boot, with [tpm] enrolment = "pre-registered", or a new board's),
+    /// or forget it (the next boot enrols again).
+    #[command(subcommand)]
+    Tpm(TpmCommand),
     /// Ask for a reimage: the node's next heartbeat answers "reboot". Refused over the
     /// disruption budget (retry later); the same --idempotency-key gets the first answer.
     Reimage {
@@ -301,6 +306,7 @@ pub async fn run(cmd: NodeCommand, client: &Client, out: OutputFormat) -> anyhow
         }
         NodeCommand::Power(args) => super::power::power(args, client, out).await,
         NodeCommand::Bmc(cmd) => super::power::bmc(cmd, client, out).await,
+        NodeCommand::Tpm(cmd) => tpm(cmd, client, out).await,
         NodeCommand::Events { node, since } => {
             let page: EventPage = client
                 .send(client.request(
@@ -573,4 +579,76 @@ fn by(actor: &Option<String>) -> String {
         .as_deref()
         .map(|a| format!("  (by {a})"))
         .unwrap_or_default()
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TpmCommand {
+    /// The EK the node is enrolled with.
+    Show {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+    },
+    /// Register the EK the node's TPM must present.
+    Enrol {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+        /// The EK's public area as `tpm2_createek -G rsa -u FILE -f tss` writes it.
+        #[arg(
+            long,
+            value_name = "FILE",
+            conflicts_with = "ek_name",
+            required_unless_present = "ek_name"
+        )]
+        ek_public: Option<std::path::PathBuf>,
+        /// The EK's TPM Name in hex (`tpm2_readpublic`'s `name:`).
+        #[arg(long, value_name = "HEX")]
+        ek_name: Option<String>,
+    },
+    /// Forget the node's EK (a new board): its next boot enrols again, or needs `enrol`.
+    Forget {
+        /// The node's MAC (52:54:00:12:34:56 or 52-54-00-12-34-56).
+        node: String,
+    },
+}
+
+async fn tpm(cmd: TpmCommand, client: &Client, out: OutputFormat) -> anyhow::Result<()> {
+    use crate::api::node::{TpmEnrolRequest, TpmEnrolment};
+    let route =
+        |node: &str| -> anyhow::Result<String> { Ok(format!("/api/v1/nodes/{}/tpm", mac(node)?)) };
+    let (req, what) = match cmd {
+        TpmCommand::Show { node } => (client.request(Method::GET, &route(&node)?), "enrolled"),
+        TpmCommand::Enrol {
+            node,
+            ek_public,
+            ek_name,
+        } => {
+            let ek_public = match ek_public {
+                Some(path) => Some(hex::encode(
+                    std::fs::read(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+                )),
+                None => None,
+            };
+            let body = TpmEnrolRequest { ek_public, ek_name };
+            (
+                client.request(Method::PUT, &route(&node)?).json(&body),
+                "registered",
+            )
+        }
+        TpmCommand::Forget { node } => {
+            (client.request(Method::DELETE, &route(&node)?), "forgotten")
+        }
+    };
+    let e: TpmEnrolment = client.send(req).await?;
+    emit(out, &e, |e| {
+        println!(
+            "EK {} {what} (at {}{})",
+            e.ek_name,
+            e.enrolled_at,
+            if e.certified {
+                ", certificate checked"
+            } else {
+                ""
+            }
+        )
+    })
 }

@@ -244,6 +244,7 @@ fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(nodes::show, nodes::remove))
         .routes(routes!(nodes::assign))
         .routes(routes!(nodes::label))
+        .routes(routes!(nodes::tpm, nodes::enrol_tpm, nodes::forget_tpm))
         .routes(routes!(nodes::reimage))
         .routes(routes!(nodes::revalidate))
         .routes(routes!(nodes::health))

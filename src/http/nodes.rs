@@ -252,6 +252,65 @@ pub async fn remove(
         .map_err(admin_error)
 }
 
+/// `GET /api/v1/nodes/{mac}/tpm`: the EK the node's TPM is enrolled with.
+#[utoipa::path(
+    get, path = "/nodes/{mac}/tpm", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "The node's TPM enrolment", body = crate::api::node::TpmEnrolment))
+)]
+pub async fn tpm(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+) -> Result<Json<crate::api::node::TpmEnrolment>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    state
+        .nodes
+        .tpm_enrolment(&mac)
+        .await
+        .map(Json)
+        .map_err(admin_error)
+}
+
+/// `PUT /api/v1/nodes/{mac}/tpm`: registers the EK the node's TPM must present.
+#[utoipa::path(
+    put, path = "/nodes/{mac}/tpm", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    request_body = crate::api::node::TpmEnrolRequest,
+    responses((status = 200, description = "The node's TPM enrolment", body = crate::api::node::TpmEnrolment))
+)]
+pub async fn enrol_tpm(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+    Json(req): Json<crate::api::node::TpmEnrolRequest>,
+) -> Result<Json<crate::api::node::TpmEnrolment>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    state
+        .nodes
+        .enrol_tpm(&mac, &req)
+        .await
+        .map(Json)
+        .map_err(admin_error)
+}
+
+/// `DELETE /api/v1/nodes/{mac}/tpm`: forgets the node's EK (a new board).
+#[utoipa::path(
+    delete, path = "/nodes/{mac}/tpm", tag = "nodes",
+    params(("mac" = Mac, Path, description = "The node's MAC address")),
+    responses((status = 200, description = "The enrolment forgotten: the node's next TPM boot enrols again, or needs a registration", body = crate::api::node::TpmEnrolment))
+)]
+pub async fn forget_tpm(
+    State(state): State<AppState>,
+    Path(mac): Path<String>,
+) -> Result<Json<crate::api::node::TpmEnrolment>, ApiError> {
+    let mac = parse_mac(&mac)?;
+    state
+        .nodes
+        .forget_tpm(&mac)
+        .await
+        .map(Json)
+        .map_err(admin_error)
+}
+
 /// `PUT /api/v1/nodes/{mac}/image`.
 #[utoipa::path(
     put, path = "/nodes/{mac}/image", tag = "nodes",

@@ -980,14 +980,21 @@ pub struct TpmChallengeRow {
 /// TPM enrolments and challenges.
 #[async_trait]
 pub trait TpmStore: Send + Sync {
-    /// Enrols `enrolment` when its node has none (with its `tpm.enrolled` event), then
-    /// records `challenge` (replacing the boot's earlier one) only if the node's
-    /// enrolment names the challenge's EK; returns the enrolment as stored.
+    /// Enrols `enrolment` when its node has none and `enrol` says so (with its
+    /// `tpm.enrolled` event), then records `challenge` (replacing the boot's earlier one)
+    /// only if the node's enrolment names the challenge's EK; returns the enrolment as
+    /// stored (None: the node has none).
     async fn put_tpm_challenge(
         &self,
         challenge: &TpmChallengeRow,
         enrolment: &TpmEnrolment,
-    ) -> Result<TpmEnrolment, StoreError>;
+        enrol: bool,
+    ) -> Result<Option<TpmEnrolment>, StoreError>;
+    /// An operator's registration: sets the node's enrolment (replacing any), with its
+    /// `tpm.enrolled` event.
+    async fn set_tpm_enrolment(&self, enrolment: &TpmEnrolment) -> Result<(), StoreError>;
+    /// Removes the node's enrolment, with a `tpm.forgotten` event; false when it had none.
+    async fn forget_tpm_enrolment(&self, mac: &Mac) -> Result<bool, StoreError>;
     async fn tpm_challenge(&self, boot_id: &str) -> Result<Option<TpmChallengeRow>, StoreError>;
     /// Removes a boot's challenge once the boot has attested.
     async fn end_tpm_challenge(&self, boot_id: &str) -> Result<(), StoreError>;

@@ -47,12 +47,26 @@ impl TpmPolicy {
 /// The node label that sets a node's policy over `[tpm] policy`.
 pub const POLICY_LABEL: &str = "tpm";
 
+/// How a node's EK comes to be enrolled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enrolment {
+    /// At its first TPM challenge (its certificate checked when CAs are configured).
+    #[default]
+    FirstSeen,
+    /// Only as an operator registered it (`bootfleet node tpm enrol`): a node with no
+    /// registered EK is refused its challenge.
+    PreRegistered,
+}
+
 /// `[tpm]` in the server's configuration.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TpmSettings {
     #[serde(default)]
     pub policy: TpmPolicy,
+    #[serde(default)]
+    pub enrolment: Enrolment,
     /// PEM files of the CAs that EK certificates must chain to. Empty: EKs are enrolled
     /// on first sight without a certificate check (trust on first use).
     #[serde(default)]
@@ -63,6 +77,7 @@ pub struct TpmSettings {
 /// it serves and the Authenticode digests of the kernels it has been asked about.
 pub struct Trust {
     pub policy: TpmPolicy,
+    pub enrolment: Enrolment,
     /// None: EKs are trusted on first use.
     pub roots: Option<ekcert::EkRoots>,
     /// The EFI binaries in the TFTP directory (iPXE's; shim and GRUB's for Secure Boot),
@@ -109,6 +124,7 @@ impl Trust {
         }
         Ok(Trust {
             policy: settings.policy,
+            enrolment: settings.enrolment,
             roots,
             loaders,
             kernels: Default::default(),

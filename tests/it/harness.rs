@@ -141,6 +141,12 @@ impl TestServer {
             .bearer_auth(&self.token)
     }
 
+    pub fn delete(&self, path: &str) -> reqwest::RequestBuilder {
+        self.admin_http
+            .delete(self.admin_url(path))
+            .bearer_auth(&self.token)
+    }
+
     /// Publishes `bundle`; returns status and JSON body.
     pub async fn publish(&self, bundle: Vec<u8>) -> (u16, serde_json::Value) {
         self.publish_query(bundle, "").await

@@ -154,11 +154,28 @@ impl IpmiSim {
     }
 
     /// Waits until the chassis log holds `want` (in order) after the first `from` entries.
+    /// A boot-device setting that repeats the one set earlier in the same steps counts
+    /// once: IPMI runs over UDP, and a request retransmitted after a slow answer (a
+    /// loaded machine) can be carried out again, even after the next command; setting
+    /// the same device again changes nothing.
     pub fn wait_chassis(&self, from: usize, want: &[&str]) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let log = self.chassis_log();
-            let tail: Vec<&str> = log.iter().skip(from).map(String::as_str).collect();
+            let mut boot: Option<&str> = None;
+            let tail: Vec<&str> = log
+                .iter()
+                .skip(from)
+                .map(String::as_str)
+                .filter(|e| {
+                    if !e.starts_with("boot ") {
+                        return true;
+                    }
+                    let again = boot == Some(*e);
+                    boot = Some(e);
+                    !again
+                })
+                .collect();
             if tail == want {
                 return log;
             }

@@ -640,3 +640,100 @@ async fn replayed_quotes_other_tpms_and_foreign_eks_are_refused() {
     assert_eq!(verdict["passed"], true, "{verdict}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn with_pre_registration_only_an_operators_registered_ek_may_attest() {
+    let ca = Ca::new();
+    let mut a = Swtpm::new(&ca);
+    let files = ca.files();
+    let server = TestServer::start_configured(move |cfg| {
+        cfg.lifecycle.validation_reimages = 0;
+        cfg.tpm.policy = bootfleet::tpm::TpmPolicy::Required;
+        cfg.tpm.enrolment = bootfleet::tpm::Enrolment::PreRegistered;
+        cfg.tpm.ek_ca_files = files;
+        cfg.ipxe_dir = "/usr/lib/ipxe".into();
+    })
+    .await;
+    let kernel = pe_kernel(1);
+    let (_, image) = server
+        .publish_query(good_bundle("hgx", "1", &kernel), "?tag=hgx:stable")
+        .await;
+    let log = ovmf_log(snponly(), authenticode(&kernel));
+    let log_bytes = log_bytes(&log);
+    let work = tempfile::tempdir().unwrap();
+    let tpm = bootfleet_agent::tpm::Tpm::new(&a.tcti(), work.path()).unwrap();
+    let mac = "52:54:00:70:02:01";
+    let route = format!("/api/v1/nodes/{mac}/tpm");
+
+    // Not registered: the challenge is refused, naming the EK it saw.
+    let (node, boot) = booted(&server, "52-54-00-70-02-01", "hgx:stable").await;
+    let conv = Conversation { node: &node, boot };
+    a.boot(&log);
+    let keys = tpm.keys().unwrap();
+    let (status, answer) = conv.challenge_with(&keys).await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer.to_string().contains("no EK is registered"),
+        "{answer}"
+    );
+
+    // Bad registrations are refused whole.
+    for body in [
+        json!({}),
+        json!({ "ek_name": "00ff" }),
+        json!({ "ek_public": "zz" }),
+        json!({ "ek_public": hex::encode(&keys.ak_public) }),
+    ] {
+        let r = server.put(&route).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{body}: {}", r.text().await.unwrap());
+    }
+    // The operator registers the EK (its public area, as tpm2_createek writes it).
+    let r = server
+        .put(&route)
+        .json(&json!({ "ek_public": hex::encode(&keys.ek_public) }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let enrolled: Value = r.json().await.unwrap();
+    assert_eq!(enrolled["certified"], false, "{enrolled}");
+    let (status, shown) = server.json(&route).await;
+    assert_eq!((status, &shown["ek_name"]), (200, &enrolled["ek_name"]));
+    let (status, answer) = conv.challenge_with(&keys).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, evidence) = conv.evidence(&tpm, &tpm, &answer, &log_bytes);
+    let verdict = conv.attest(&image, Some(evidence)).await;
+    assert_eq!(verdict["passed"], true, "{verdict}");
+
+    // Forgotten (a new board): the next challenge is refused until a new registration.
+    let r = server.delete(&route).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let boot = node.boot().await;
+    let conv = Conversation { node: &node, boot };
+    a.boot(&log);
+    let keys = tpm.keys().unwrap();
+    let (status, _) = conv.challenge_with(&keys).await;
+    assert_eq!(status, 403);
+    let (status, _) = server.json(&route).await;
+    assert_eq!(status, 404);
+    // Both changes are in the event log, with who made them.
+    let (_, page) = server.json("/api/v1/events?since=0&limit=1000").await;
+    let tpm_events: Vec<(&str, &str)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"].as_str().unwrap().starts_with("tpm."))
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["actor"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tpm_events,
+        [("tpm.enrolled", "admin"), ("tpm.forgotten", "admin")],
+        "{page}"
+    );
+    server.stop().await;
+}

@@ -50,6 +50,9 @@ pub mod kind {
     /// A node's TPM endorsement key was enrolled at its first TPM challenge:
     /// `TpmEnrolledData`.
     pub const TPM_ENROLLED: &str = "tpm.enrolled";
+    /// A node's TPM enrolment was removed by an operator (its next boot enrols again, or
+    /// needs a registration): `{ek_name}`.
+    pub const TPM_FORGOTTEN: &str = "tpm.forgotten";
     /// An API token was created: `{name, role}` (never its secret).
     pub const TOKEN_CREATED: &str = "token.created";
     /// An API token was revoked: `{name, role}`.

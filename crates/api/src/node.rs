@@ -311,3 +311,29 @@ mod tests {
         assert!(serde_json::from_str::<NodeState>("\"ready-ish\"").is_err());
     }
 }
+
+/// `PUT /api/v1/nodes/{mac}/tpm`: the endorsement key the node's TPM must present,
+/// registered before its first boot (`[tpm] enrolment = "pre-registered"`) or replacing
+/// the one enrolled (a new board). One of the two.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmEnrolRequest {
+    /// The EK's TPM2B_PUBLIC, hex (`tpm2_createek -G rsa -u ek.pub -f tss`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_public: Option<String>,
+    /// The EK's TPM Name, hex (`tpm2_readpublic`'s `name:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_name: Option<String>,
+}
+
+/// The EK a node's TPM is enrolled with.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TpmEnrolment {
+    pub ek_name: String,
+    /// Its certificate chained to a configured EK CA (false: first seen without one, or
+    /// registered by an operator).
+    pub certified: bool,
+    pub enrolled_at: String,
+}

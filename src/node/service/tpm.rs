@@ -8,6 +8,7 @@ use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::NodeService;
+use super::admin::AdminError;
 use super::attest::{AttestError, Caller, Refusal};
 use crate::api::agent::{
     AttestRequest, Mismatch, TpmChallengeAnswer, TpmChallengeRequest, TpmEvidence, TpmFindings,
@@ -16,7 +17,7 @@ use crate::api::image::Role;
 use crate::store::{TpmChallengeRow, TpmEnrolment};
 use crate::tpm::verify::{self, Loadable};
 use crate::tpm::wire::{Public, credential_blob};
-use crate::tpm::{TpmPolicy, check_ak, check_ek, credential};
+use crate::tpm::{Enrolment, TpmPolicy, check_ak, check_ek, credential};
 
 fn unhex(what: &str, s: &str) -> Result<Vec<u8>, Refusal> {
     hex::decode(s).map_err(|e| Refusal::Tpm(format!("{what}: not hex: {e}")))
@@ -99,11 +100,23 @@ impl NodeService {
             certified,
             enrolled_at_ms: now,
         };
-        let stored = self.store.put_tpm_challenge(&row, &enrolment).await?;
+        let first_seen = self.trust.enrolment == Enrolment::FirstSeen;
+        let Some(stored) = self
+            .store
+            .put_tpm_challenge(&row, &enrolment, first_seen)
+            .await?
+        else {
+            return Err(Refusal::Tpm(format!(
+                "no EK is registered for this node ([tpm] enrolment = \"pre-registered\"); \
+                 this boot presented EK {ek_name}: bootfleet node tpm enrol {} --ek-name {ek_name}",
+                boot.mac
+            ))
+            .into());
+        };
         if stored.ek_name != ek_name {
             return Err(Refusal::Tpm(format!(
                 "the node is enrolled with EK {}, and this boot presented EK {ek_name} (a new TPM or \
-                 board: remove the node to enrol it again)",
+                 board: bootfleet node tpm forget, or tpm enrol with the new EK)",
                 stored.ek_name
             ))
             .into());
@@ -220,6 +233,83 @@ impl NodeService {
             is_kernel: true,
         });
         Ok(loadable)
+    }
+}
+
+impl NodeService {
+    /// `GET /api/v1/nodes/{mac}/tpm`: the EK the node is enrolled with.
+    pub async fn tpm_enrolment(
+        &self,
+        mac: &crate::api::Mac,
+    ) -> Result<crate::api::node::TpmEnrolment, AdminError> {
+        self.store
+            .tpm_enrolment(mac)
+            .await?
+            .map(view)
+            .ok_or_else(|| AdminError::NotFound(format!("node {mac} has no TPM enrolment")))
+    }
+
+    /// `PUT /api/v1/nodes/{mac}/tpm`: an operator registers the EK the node's TPM must
+    /// present (before its first boot, or a new board's).
+    pub async fn enrol_tpm(
+        &self,
+        mac: &crate::api::Mac,
+        req: &crate::api::node::TpmEnrolRequest,
+    ) -> Result<crate::api::node::TpmEnrolment, AdminError> {
+        let bad = |why: String| AdminError::BadRequest(why);
+        let ek_name = match (&req.ek_public, &req.ek_name) {
+            (Some(public), None) => {
+                let bytes =
+                    hex::decode(public).map_err(|e| bad(format!("ek_public: not hex: {e}")))?;
+                let ek = Public::from_tpm2b(&bytes).map_err(|e| bad(format!("ek_public: {e}")))?;
+                check_ek(&ek).map_err(bad)?;
+                hex::encode(ek.name())
+            }
+            (None, Some(name)) => {
+                let name = name.to_ascii_lowercase();
+                // nameAlg SHA-256 (000b) and its 32-byte digest.
+                if name.len() != 68 || !name.starts_with("000b") || hex::decode(&name).is_err() {
+                    return Err(bad(format!(
+                        "ek_name {name:?}: a TPM Name is 000b and 64 hex digits (SHA-256)"
+                    )));
+                }
+                name
+            }
+            _ => return Err(bad("give one of ek_public and ek_name".into())),
+        };
+        if self.store.node(mac).await?.is_none() {
+            return Err(AdminError::NotFound(format!("no node {mac}")));
+        }
+        let enrolment = TpmEnrolment {
+            mac: *mac,
+            ek_name,
+            certified: false,
+            enrolled_at_ms: crate::clock::now_ms(),
+        };
+        self.store.set_tpm_enrolment(&enrolment).await?;
+        Ok(view(enrolment))
+    }
+
+    /// `DELETE /api/v1/nodes/{mac}/tpm`: the node's next TPM boot enrols again (or, with
+    /// pre-registration, needs a new registration).
+    pub async fn forget_tpm(
+        &self,
+        mac: &crate::api::Mac,
+    ) -> Result<crate::api::node::TpmEnrolment, AdminError> {
+        let missing = || AdminError::NotFound(format!("node {mac} has no TPM enrolment"));
+        let enrolment = self.store.tpm_enrolment(mac).await?.ok_or_else(missing)?;
+        match self.store.forget_tpm_enrolment(mac).await? {
+            true => Ok(view(enrolment)),
+            false => Err(missing()),
+        }
+    }
+}
+
+fn view(e: TpmEnrolment) -> crate::api::node::TpmEnrolment {
+    crate::api::node::TpmEnrolment {
+        ek_name: e.ek_name,
+        certified: e.certified,
+        enrolled_at: crate::clock::format_ms(e.enrolled_at_ms),
     }
 }
 

@@ -26,31 +26,36 @@ impl TpmStore for SqliteStore {
         &self,
         challenge: &TpmChallengeRow,
         enrol: &TpmEnrolment,
-    ) -> Result<TpmEnrolment, StoreError> {
+        enrol_first_seen: bool,
+    ) -> Result<Option<TpmEnrolment>, StoreError> {
         let mut tx = self.write_tx().await?;
         let key = enrol.mac.to_string();
-        let added = sqlx::query(
-            "INSERT INTO tpm_enrolments (mac, ek_name, certified, enrolled_at_ms)
-             VALUES (?, ?, ?, ?) ON CONFLICT (mac) DO NOTHING",
-        )
-        .bind(&key)
-        .bind(&enrol.ek_name)
-        .bind(i64::from(enrol.certified))
-        .bind(enrol.enrolled_at_ms)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        let stored: EnrolmentRow = sqlx::query_as(
+        let added = enrol_first_seen
+            && sqlx::query(
+                "INSERT INTO tpm_enrolments (mac, ek_name, certified, enrolled_at_ms)
+                 VALUES (?, ?, ?, ?) ON CONFLICT (mac) DO NOTHING",
+            )
+            .bind(&key)
+            .bind(&enrol.ek_name)
+            .bind(i64::from(enrol.certified))
+            .bind(enrol.enrolled_at_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+        let stored: Option<EnrolmentRow> = sqlx::query_as(
             "SELECT mac, ek_name, certified, enrolled_at_ms FROM tpm_enrolments WHERE mac = ?",
         )
         .bind(&key)
-        .fetch_one(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        let stored = enrolment(stored)?;
+        let Some(stored) = stored.map(enrolment).transpose()? else {
+            tx.abandon().await?;
+            return Ok(None);
+        };
         if stored.ek_name != challenge.ek_name {
             tx.abandon().await?;
-            return Ok(stored);
+            return Ok(Some(stored));
         }
         sqlx::query(
             "INSERT INTO tpm_challenges
@@ -86,7 +91,62 @@ impl TpmStore for SqliteStore {
         if added {
             self.notify_events();
         }
-        Ok(stored)
+        Ok(Some(stored))
+    }
+
+    async fn set_tpm_enrolment(&self, enrol: &TpmEnrolment) -> Result<(), StoreError> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(
+            "INSERT INTO tpm_enrolments (mac, ek_name, certified, enrolled_at_ms)
+             VALUES (?, ?, ?, ?) ON CONFLICT (mac) DO UPDATE SET ek_name = excluded.ek_name,
+               certified = excluded.certified, enrolled_at_ms = excluded.enrolled_at_ms",
+        )
+        .bind(enrol.mac.to_string())
+        .bind(&enrol.ek_name)
+        .bind(i64::from(enrol.certified))
+        .bind(enrol.enrolled_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        let data = TpmEnrolledData {
+            ek_name: enrol.ek_name.clone(),
+            certified: enrol.certified,
+        };
+        super::events::insert_event(
+            &mut tx,
+            kind::TPM_ENROLLED,
+            Some(&enrol.mac),
+            &data,
+            enrol.enrolled_at_ms,
+        )
+        .await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(())
+    }
+
+    async fn forget_tpm_enrolment(&self, mac: &Mac) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let gone: Option<(String,)> =
+            sqlx::query_as("DELETE FROM tpm_enrolments WHERE mac = ? RETURNING ek_name")
+                .bind(mac.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((ek_name,)) = gone else {
+            tx.abandon().await?;
+            return Ok(false);
+        };
+        let data = serde_json::json!({ "ek_name": ek_name });
+        super::events::insert_event(
+            &mut tx,
+            kind::TPM_FORGOTTEN,
+            Some(mac),
+            &data,
+            crate::clock::now_ms(),
+        )
+        .await?;
+        tx.commit().await?;
+        self.notify_events();
+        Ok(true)
     }
 
     async fn tpm_challenge(&self, boot_id: &str) -> Result<Option<TpmChallengeRow>, StoreError> {
