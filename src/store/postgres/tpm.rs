@@ -20,6 +20,19 @@ fn enrolment(
     })
 }
 
+/// The `tpm.enrolled` event of `enrol`, in the caller's transaction.
+async fn record_enrolled(
+    conn: &mut sqlx::PgConnection,
+    enrol: &TpmEnrolment,
+) -> Result<(), StoreError> {
+    let data = TpmEnrolledData {
+        ek_name: enrol.ek_name.clone(),
+        certified: enrol.certified,
+    };
+    let at = enrol.enrolled_at_ms;
+    super::events::insert_event(conn, kind::TPM_ENROLLED, Some(&enrol.mac), &data, at).await
+}
+
 #[async_trait]
 impl TpmStore for PgStore {
     async fn put_tpm_challenge(
@@ -72,18 +85,7 @@ impl TpmStore for PgStore {
         .execute(&mut *tx)
         .await?;
         if added {
-            let data = TpmEnrolledData {
-                ek_name: enrol.ek_name.clone(),
-                certified: enrol.certified,
-            };
-            super::events::insert_event(
-                &mut tx,
-                kind::TPM_ENROLLED,
-                Some(&enrol.mac),
-                &data,
-                enrol.enrolled_at_ms,
-            )
-            .await?;
+            record_enrolled(&mut tx, enrol).await?;
         }
         tx.commit().await?;
         if added {
@@ -105,18 +107,7 @@ impl TpmStore for PgStore {
         .bind(enrol.enrolled_at_ms)
         .execute(&mut *tx)
         .await?;
-        let data = TpmEnrolledData {
-            ek_name: enrol.ek_name.clone(),
-            certified: enrol.certified,
-        };
-        super::events::insert_event(
-            &mut tx,
-            kind::TPM_ENROLLED,
-            Some(&enrol.mac),
-            &data,
-            enrol.enrolled_at_ms,
-        )
-        .await?;
+        record_enrolled(&mut tx, enrol).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(())

@@ -20,6 +20,19 @@ fn enrolment(
     })
 }
 
+/// The `tpm.enrolled` event of `enrol`, in the caller's transaction.
+async fn record_enrolled(
+    conn: &mut sqlx::SqliteConnection,
+    enrol: &TpmEnrolment,
+) -> Result<(), StoreError> {
+    let data = TpmEnrolledData {
+        ek_name: enrol.ek_name.clone(),
+        certified: enrol.certified,
+    };
+    let at = enrol.enrolled_at_ms;
+    super::events::insert_event(conn, kind::TPM_ENROLLED, Some(&enrol.mac), &data, at).await
+}
+
 #[async_trait]
 impl TpmStore for SqliteStore {
     async fn put_tpm_challenge(
@@ -74,18 +87,7 @@ impl TpmStore for SqliteStore {
         .execute(&mut *tx)
         .await?;
         if added {
-            let data = TpmEnrolledData {
-                ek_name: enrol.ek_name.clone(),
-                certified: enrol.certified,
-            };
-            super::events::insert_event(
-                &mut tx,
-                kind::TPM_ENROLLED,
-                Some(&enrol.mac),
-                &data,
-                enrol.enrolled_at_ms,
-            )
-            .await?;
+            record_enrolled(&mut tx, enrol).await?;
         }
         tx.commit().await?;
         if added {
@@ -107,18 +109,7 @@ impl TpmStore for SqliteStore {
         .bind(enrol.enrolled_at_ms)
         .execute(&mut *tx)
         .await?;
-        let data = TpmEnrolledData {
-            ek_name: enrol.ek_name.clone(),
-            certified: enrol.certified,
-        };
-        super::events::insert_event(
-            &mut tx,
-            kind::TPM_ENROLLED,
-            Some(&enrol.mac),
-            &data,
-            enrol.enrolled_at_ms,
-        )
-        .await?;
+        record_enrolled(&mut tx, enrol).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(())
