@@ -501,14 +501,18 @@ impl crate::tftp::files::Generated for GrubFiles {
         local: std::net::IpAddr,
     ) -> Option<bytes::Bytes> {
         use crate::boot::script::Loader;
-        let server = self
-            .http_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{local}:{}", self.http_port));
+        // Every TFTP request asks (iPXE's binaries and blobs in a storm): nothing is made
+        // before the name is one of these.
+        let server = || {
+            self.http_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{local}:{}", self.http_port))
+        };
         let scripts = self.nodes.templates.grub(local);
         let text = match path {
-            "grub/grub.cfg" => scripts.entry(&server).map_err(|e| e.to_string()),
+            "grub/grub.cfg" => scripts.entry(&server()).map_err(|e| e.to_string()),
             "boot/node.grub" => {
+                let server = server();
                 let mac: crate::api::Mac = query?
                     .split('&')
                     .find_map(|kv| kv.strip_prefix("mac="))?

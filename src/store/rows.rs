@@ -474,3 +474,33 @@ pub(crate) fn token(
         revoked_by,
     })
 }
+
+/// A `tpm_enrolments` row: mac, ek_name, certified (0/1), enrolled_at_ms.
+pub(crate) type TpmEnrolmentRow = (String, String, i64, i64);
+
+pub(crate) fn tpm_enrolment(
+    (mac_text, ek_name, certified, enrolled_at_ms): TpmEnrolmentRow,
+) -> Result<crate::store::TpmEnrolment, StoreError> {
+    Ok(crate::store::TpmEnrolment {
+        mac: mac(&mac_text)?,
+        ek_name,
+        certified: certified != 0,
+        enrolled_at_ms,
+    })
+}
+
+/// A `tpm_challenges` row: boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms.
+pub(crate) type TpmChallengeTuple = (String, String, String, String, String, i64);
+
+pub(crate) fn tpm_challenge(
+    (boot_id, mac_text, ak_public, ek_name, secret_sha256, issued_at_ms): TpmChallengeTuple,
+) -> Result<crate::store::TpmChallengeRow, StoreError> {
+    Ok(crate::store::TpmChallengeRow {
+        boot_id,
+        mac: mac(&mac_text)?,
+        ak_public,
+        ek_name,
+        secret_sha256,
+        issued_at_ms,
+    })
+}

@@ -304,12 +304,19 @@ impl Segment {
     }
 }
 
-impl Drop for Segment {
-    fn drop(&mut self) {
-        if let Some(vm) = &mut self.vm {
+impl Segment {
+    /// Pulls the plug on the VM, if one runs.
+    pub(crate) fn power_off(&mut self) {
+        if let Some(mut vm) = self.vm.take() {
             let _ = vm.kill();
             let _ = vm.wait();
         }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.power_off();
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -694,10 +701,7 @@ async fn a_uefi_vm_with_a_tpm_is_attested_by_its_quote_and_a_swapped_kernel_fail
     assert_eq!(matched.last(), Some(&"kernel vmlinuz"), "{findings}");
 
     // Swap the kernel blob in place: same size, one byte of the version string.
-    if let Some(mut vm) = segment.vm.take() {
-        let _ = vm.kill();
-        let _ = vm.wait();
-    }
+    segment.power_off();
     let swapped = crate::tpm::authenticode(&swap_kernel(&server, &image).await);
     segment.extra_args = tpm.for_qemu();
     let (node, vm) = boot_until(
@@ -808,10 +812,7 @@ async fn a_secure_boot_vm_boots_the_signed_chain_and_a_tampered_kernel_is_refuse
     }
 
     // The same blob, one byte changed: no longer what Debian signed.
-    if let Some(mut vm) = segment.vm.take() {
-        let _ = vm.kill();
-        let _ = vm.wait();
-    }
+    segment.power_off();
     swap_kernel(&server, &image).await;
     let vm = Vm {
         logs: tempfile::tempdir().unwrap(),

@@ -191,35 +191,30 @@ impl Swtpm {
     /// The OS shuts the TPM down first, as a clean reboot does: a TPM that loses power
     /// without TPM2_Shutdown counts it against its dictionary-attack lockout.
     fn boot(&mut self, log: &[Measured]) {
-        let down = Command::new("tpm2_shutdown")
+        self.tool("tpm2_shutdown", &[]);
+        self.power_on();
+        for (pcr, kind, digest, _) in log {
+            if *kind != kind::NO_ACTION {
+                self.tool(
+                    "tpm2_pcrextend",
+                    &[&format!("{pcr}:sha256={}", hex::encode(digest))],
+                );
+            }
+        }
+    }
+
+    /// Runs a tpm2-tools command against this TPM; it must succeed.
+    fn tool(&self, tool: &str, args: &[&str]) {
+        let out = Command::new(tool)
+            .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())
             .output()
             .unwrap();
         assert!(
-            down.status.success(),
-            "{}",
-            String::from_utf8_lossy(&down.stderr)
+            out.status.success(),
+            "{tool}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        self.power_on();
-        for (pcr, kind, digest, _) in log {
-            if *kind == kind::NO_ACTION {
-                continue;
-            }
-            let out = Command::new("tpm2_pcrextend")
-                .arg(format!("{pcr}:sha256={}", hex::encode(digest)))
-                .env("TPM2TOOLS_TCTI", self.tcti())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
     }
 }
 

@@ -273,10 +273,7 @@ async fn a_debian_root_boots_in_two_stages_resumes_a_cut_and_refuses_a_flipped_b
     );
 
     // UEFI: OVMF's PXE -> iPXE over TFTP -> the same image, on another node.
-    if let Some(mut old) = segment.vm.take() {
-        let _ = old.kill();
-        let _ = old.wait();
-    }
+    segment.power_off();
     let uefi = format!("52:54:00:e5:{n:02x}:02");
     server.assign(&uefi, "debian:stable").await;
     let (_, vm) = boot_until(
@@ -296,10 +293,7 @@ async fn a_debian_root_boots_in_two_stages_resumes_a_cut_and_refuses_a_flipped_b
 
     // A node with a local root cache (label rootfs-cache=FS_LABEL, an ext4 disk): its
     // first boot fetches the root into the cache, its next (a reimage) reads it there.
-    if let Some(mut old) = segment.vm.take() {
-        let _ = old.kill();
-        let _ = old.wait();
-    }
+    segment.power_off();
     let disk_dir = tempfile::tempdir().unwrap();
     let disk = disk_dir.path().join("cache.img");
     sh(&format!(
@@ -359,10 +353,7 @@ async fn a_debian_root_boots_in_two_stages_resumes_a_cut_and_refuses_a_flipped_b
 
     // One flipped byte in the stored root: stage 1 refuses it by its sha256, the boot
     // fails attestation naming stage 1, and the node never reaches ready.
-    if let Some(mut old) = segment.vm.take() {
-        let _ = old.kill();
-        let _ = old.wait();
-    }
+    segment.power_off();
     flip_byte(&server.blob_dir().join(&rootfs_hex), size / 2);
     let flipped = format!("52:54:00:e5:{n:02x}:03");
     server.assign(&flipped, "debian:stable").await;

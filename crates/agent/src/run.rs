@@ -250,7 +250,7 @@ impl Agent {
     }
 
     async fn tpm_conversation(&self, tcti: String, log: PathBuf) -> Result<TpmEvidence, String> {
-        use super::tpm::{Tpm, hex, unhex};
+        use super::tpm::Tpm;
         let tpm = std::sync::Arc::new(Tpm::new(&tcti, &std::env::temp_dir())?);
         let t = tpm.clone();
         let keys = tokio::task::spawn_blocking(move || t.keys())
@@ -259,9 +259,9 @@ impl Agent {
         let ask = TpmChallengeRequest {
             boot_id: self.boot.clone(),
             mac: self.mac,
-            ek_public: hex(&keys.ek_public),
-            ek_certificate: keys.ek_certificate.as_deref().map(hex),
-            ak_public: hex(&keys.ak_public),
+            ek_public: hex::encode(&keys.ek_public),
+            ek_certificate: keys.ek_certificate.as_deref().map(hex::encode),
+            ak_public: hex::encode(&keys.ak_public),
         };
         let (status, answer) = self.post("/api/v1/agent/tpm/challenge", &ask).await;
         if status != 200 {
@@ -269,7 +269,8 @@ impl Agent {
         }
         let challenge: TpmChallengeAnswer =
             serde_json::from_value(answer).map_err(|e| format!("challenge: {e}"))?;
-        let credential = unhex(&challenge.credential).ok_or("challenge: credential is not hex")?;
+        let credential = hex::decode(&challenge.credential)
+            .map_err(|e| format!("challenge: credential is not hex: {e}"))?;
         let t = tpm.clone();
         let secret = tokio::task::spawn_blocking(move || t.activate(&credential))
             .await
@@ -282,11 +283,15 @@ impl Agent {
             .map_err(|e| e.to_string())??;
         let event_log = std::fs::read(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         Ok(TpmEvidence {
-            secret: hex(&secret),
-            attest: hex(&quote.attest),
-            signature: hex(&quote.signature),
-            pcrs: quote.pcrs.iter().map(|(i, v)| (*i, hex(v))).collect(),
-            event_log: hex(&event_log),
+            secret: hex::encode(&secret),
+            attest: hex::encode(&quote.attest),
+            signature: hex::encode(&quote.signature),
+            pcrs: quote
+                .pcrs
+                .iter()
+                .map(|(i, v)| (*i, hex::encode(v)))
+                .collect(),
+            event_log: hex::encode(&event_log),
         })
     }
 

@@ -7,19 +7,6 @@ use crate::api::Mac;
 use crate::api::event::{TpmEnrolledData, kind};
 use crate::store::{StoreError, TpmChallengeRow, TpmEnrolment, TpmStore, rows};
 
-type EnrolmentRow = (String, String, i64, i64);
-
-fn enrolment(
-    (mac, ek_name, certified, enrolled_at_ms): EnrolmentRow,
-) -> Result<TpmEnrolment, StoreError> {
-    Ok(TpmEnrolment {
-        mac: rows::mac(&mac)?,
-        ek_name,
-        certified: certified != 0,
-        enrolled_at_ms,
-    })
-}
-
 /// The `tpm.enrolled` event of `enrol`, in the caller's transaction.
 async fn record_enrolled(
     conn: &mut sqlx::SqliteConnection,
@@ -56,13 +43,13 @@ impl TpmStore for SqliteStore {
             .await?
             .rows_affected()
                 == 1;
-        let stored: Option<EnrolmentRow> = sqlx::query_as(
+        let stored: Option<rows::TpmEnrolmentRow> = sqlx::query_as(
             "SELECT mac, ek_name, certified, enrolled_at_ms FROM tpm_enrolments WHERE mac = ?",
         )
         .bind(&key)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(stored) = stored.map(enrolment).transpose()? else {
+        let Some(stored) = stored.map(rows::tpm_enrolment).transpose()? else {
             tx.abandon().await?;
             return Ok(None);
         };
@@ -141,27 +128,14 @@ impl TpmStore for SqliteStore {
     }
 
     async fn tpm_challenge(&self, boot_id: &str) -> Result<Option<TpmChallengeRow>, StoreError> {
-        let found: Option<(String, String, String, String, String, i64)> = sqlx::query_as(
+        let found: Option<rows::TpmChallengeTuple> = sqlx::query_as(
             "SELECT boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms
              FROM tpm_challenges WHERE boot_id = ?",
         )
         .bind(boot_id)
         .fetch_optional(&self.pool)
         .await?;
-        found
-            .map(
-                |(boot_id, mac, ak_public, ek_name, secret_sha256, issued_at_ms)| {
-                    Ok(TpmChallengeRow {
-                        boot_id,
-                        mac: rows::mac(&mac)?,
-                        ak_public,
-                        ek_name,
-                        secret_sha256,
-                        issued_at_ms,
-                    })
-                },
-            )
-            .transpose()
+        found.map(rows::tpm_challenge).transpose()
     }
 
     async fn end_tpm_challenge(&self, boot_id: &str) -> Result<(), StoreError> {
@@ -175,12 +149,12 @@ impl TpmStore for SqliteStore {
     }
 
     async fn tpm_enrolment(&self, mac: &Mac) -> Result<Option<TpmEnrolment>, StoreError> {
-        let found: Option<EnrolmentRow> = sqlx::query_as(
+        let found: Option<rows::TpmEnrolmentRow> = sqlx::query_as(
             "SELECT mac, ek_name, certified, enrolled_at_ms FROM tpm_enrolments WHERE mac = ?",
         )
         .bind(mac.to_string())
         .fetch_optional(&self.pool)
         .await?;
-        found.map(enrolment).transpose()
+        found.map(rows::tpm_enrolment).transpose()
     }
 }
