@@ -463,20 +463,38 @@ pub async fn start_tftp(
         http_url: cfg.dhcp.http_url.clone(),
         http_port: cfg.listen.port(),
     };
-    let server = std::sync::Arc::new(
-        TftpServer::new(
-            std::sync::Arc::new(FileSource::new(
-                Some(cfg.ipxe_dir.clone()),
-                Some(server.blobs.clone()),
-            )),
-            cfg.tftp.clone(),
-            server.http.metrics.tftp(),
-            Some(transfers),
-        )
-        .with_generated(std::sync::Arc::new(grub)),
-    );
+    let mut tftp = TftpServer::new(
+        std::sync::Arc::new(FileSource::new(
+            Some(cfg.ipxe_dir.clone()),
+            Some(server.blobs.clone()),
+        )),
+        cfg.tftp.clone(),
+        server.http.metrics.tftp(),
+        Some(transfers),
+    )
+    .with_generated(std::sync::Arc::new(grub));
+    if server.http.registry.shared.is_some() {
+        // Blobs this server has not served before come from the object store, as over
+        // HTTP (the Secure Boot chain fetches kernel and initrd over TFTP).
+        tftp = tftp.with_fill(std::sync::Arc::new(CacheFill(server.http.registry.clone())));
+    }
+    let server = std::sync::Arc::new(tftp);
     tracing::info!(tftp_addr = %socket.local_addr()?, "tftp listening on {}", socket.local_addr()?);
     Ok(Some(runtime.spawn(server.run(socket, shutdown))))
+}
+
+/// TFTP's blobs filled from the object store through the registry's cache.
+struct CacheFill(Registry);
+
+#[async_trait::async_trait]
+impl crate::tftp::files::BlobFill for CacheFill {
+    async fn fill(&self, digest: &crate::api::Digest) -> Result<(), String> {
+        self.0
+            .local_blob(digest)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// GRUB's files over TFTP, for the Secure Boot chain (shim, then Debian's signed GRUB,

@@ -246,6 +246,13 @@ pub async fn run(cmd: ImageCommand, client: &Client, out: OutputFormat) -> anyho
                     human_bytes(r.bytes_freed),
                     r.kept
                 );
+                if !r.objects_removed.is_empty() {
+                    println!(
+                        "removed {} objects from the object store, freed {}",
+                        r.objects_removed.len(),
+                        human_bytes(r.object_bytes_freed)
+                    );
+                }
             })
         }
     }

@@ -2,11 +2,14 @@
 //! not hold is filled from the object store on first request, verified by sha256 before
 //! it becomes visible (`Objects::fetch`), once however many requests want it at the
 //! same time (they wait on one fill and then all read the file), and the cache is held
-//! under `cache_max_bytes` by evicting the blobs filled longest ago. Eviction is safe
-//! only because the object store keeps every blob: without one, nothing is evicted.
+//! under `cache_max_bytes` by evicting the blobs served longest ago (a file's mtime is
+//! when it was filled, moved forward when it is served, at most once a minute). Eviction
+//! is safe only because the object store keeps every blob: without one, nothing is
+//! evicted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt as _;
 use futures_util::future::{BoxFuture, Shared};
@@ -34,6 +37,10 @@ pub struct SharedBlobs {
 }
 
 type Fill = Shared<BoxFuture<'static, Result<(), FillFailure>>>;
+
+/// How stale a served blob's mtime may get before it is moved to now: the eviction
+/// order is the order of use to within this, for one `futimens` a minute per blob.
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
 
 /// `ObjectError`, as every waiter of one fill receives it.
 #[derive(Debug, Clone)]
@@ -78,7 +85,7 @@ impl SharedBlobs {
 
     /// Makes `digest` present locally, filling it from the object store if it is not.
     pub async fn ensure_local(self: &Arc<Self>, digest: &Digest) -> Result<(), ObjectError> {
-        if self.local.contains(digest) {
+        if self.served_from_cache(digest) {
             return Ok(());
         }
         let fill = {
@@ -108,6 +115,26 @@ impl SharedBlobs {
                 .clone()
         };
         fill.await.map_err(ObjectError::from)
+    }
+
+    /// Whether the cache holds `digest`; when it does and eviction is on, its mtime is
+    /// moved to now if it is older than `TOUCH_EVERY` (the least recently served go
+    /// first). A failed touch costs only eviction order.
+    fn served_from_cache(&self, digest: &Digest) -> bool {
+        let path = self.local.path_of(digest);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return false;
+        };
+        if self.max_bytes.is_some()
+            && meta
+                .modified()
+                .is_ok_and(|m| m.elapsed().is_ok_and(|age| age >= TOUCH_EVERY))
+            && let Err(e) =
+                std::fs::File::open(&path).and_then(|f| f.set_modified(SystemTime::now()))
+        {
+            tracing::debug!(%digest, error = %e, "could not mark a cached blob as served");
+        }
+        true
     }
 
     async fn fill(&self, digest: &Digest) -> Result<(), ObjectError> {
@@ -147,6 +174,31 @@ impl SharedBlobs {
             }
         }
         Ok(report)
+    }
+
+    /// Removes the objects of `listed` that are not in `keep` and are older than the
+    /// grace; returns them with their bytes. The caller reads `keep` after listing, so a
+    /// blob published meanwhile is kept.
+    pub async fn collect_objects(
+        &self,
+        listed: Vec<super::objects::ObjectEntry>,
+        keep: &std::collections::HashSet<Digest>,
+    ) -> Result<(Vec<Digest>, u64), ObjectError> {
+        let now = super::objects::now_secs();
+        let grace = self.objects.gc_grace();
+        let mut removed = Vec::new();
+        let mut bytes = 0;
+        for entry in listed {
+            if keep.contains(&entry.digest)
+                || !super::objects::older_than(entry.modified_secs, now, grace)
+            {
+                continue;
+            }
+            self.objects.delete(&entry.digest).await?;
+            removed.push(entry.digest);
+            bytes += entry.size;
+        }
+        Ok((removed, bytes))
     }
 
     /// Uploads local blobs the object store does not hold yet (a publish, before its row).

@@ -100,11 +100,8 @@ impl Registry {
     /// Makes `digest` servable from the local directory: true if it is there now. With
     /// an object store, a missing blob is filled from it (verified first).
     pub async fn local_blob(&self, digest: &Digest) -> Result<bool, RegistryError> {
-        if self.blobs.contains(digest) {
-            return Ok(true);
-        }
         let Some(shared) = &self.shared else {
-            return Ok(false);
+            return Ok(self.blobs.contains(digest));
         };
         match shared.ensure_local(digest).await {
             Ok(()) => Ok(true),
@@ -469,9 +466,20 @@ impl Registry {
         }
     }
 
+    /// Removes the blobs no image needs from the data directory and, with an object
+    /// store, its objects older than `[blobs] gc_grace_secs` (listed before the
+    /// references are read: a blob published meanwhile is kept).
     pub async fn gc(&self) -> Result<GcReport, RegistryError> {
         let _exclusive = self.gc_lock.write().await;
+        let listed = match &self.shared {
+            Some(shared) => Some(shared.objects.list().await?),
+            None => None,
+        };
         let keep = self.store.referenced_blobs().await?;
+        let (objects_removed, object_bytes_freed) = match (&self.shared, listed) {
+            (Some(shared), Some(listed)) => shared.collect_objects(listed, &keep).await?,
+            _ => (Vec::new(), 0),
+        };
         let blobs = self.blobs.clone();
         let kept = keep.len();
         let (removed, bytes_freed) =
@@ -485,10 +493,12 @@ impl Registry {
         );
         // Files, not rows: the event follows the removal (a failure to record it leaves
         // the blobs removed and the answer an error saying so).
-        if !removed.is_empty() {
+        if !removed.is_empty() || !objects_removed.is_empty() {
             let data = crate::api::event::BlobsCollectedData {
                 removed: removed.len(),
                 bytes_freed,
+                objects_removed: objects_removed.len(),
+                object_bytes_freed,
             };
             let data = serde_json::to_value(&data).expect("plain data serialises");
             self.store
@@ -499,6 +509,8 @@ impl Registry {
             removed,
             bytes_freed,
             kept,
+            objects_removed,
+            object_bytes_freed,
         })
     }
 }

@@ -59,6 +59,21 @@ pub trait Generated: Send + Sync {
     ) -> Option<Bytes>;
 }
 
+/// Makes a blob present in the blob directory before TFTP opens it: a server with an
+/// object store fills its cache from it (verified before it is visible). Asked for every
+/// `blobs/sha256/<hex>` name, on the TFTP runtime.
+#[async_trait::async_trait]
+pub trait BlobFill: Send + Sync {
+    /// Ok when the blob is there now, or is known nowhere (the open then answers "file
+    /// not found"); Err with why it cannot be served now (the object store is away).
+    async fn fill(&self, digest: &Digest) -> Result<(), String>;
+}
+
+/// The digest a checked name asks for, when it is a blob's (`blobs/sha256/<hex>`).
+pub fn blob_digest(name: &str) -> Option<Digest> {
+    Digest::from_hex(name.strip_prefix("blobs/sha256/")?).ok()
+}
+
 /// A requested name split at its first `?`: the path, and the query GRUB appends to
 /// per-boot names (`blobs/sha256/<hex>?boot=<id>`).
 pub fn split_query(name: &str) -> (&str, Option<&str>) {
@@ -84,8 +99,8 @@ impl FileSource {
 
     /// Maps a checked name to a path: blobs by digest, everything else in the iPXE dir.
     fn path_of(&self, name: &str) -> Option<PathBuf> {
-        if let Some(hex) = name.strip_prefix("blobs/sha256/") {
-            let digest = Digest::from_hex(hex).ok()?;
+        if name.starts_with("blobs/sha256/") {
+            let digest = blob_digest(name)?;
             return self.blobs.as_ref().map(|b| b.path_of(&digest));
         }
         self.ipxe_dir.as_ref().map(|d| d.join(name))

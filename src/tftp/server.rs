@@ -12,7 +12,9 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::files::{Content, FileSource, Generated, Opened, check_name, split_query};
+use super::files::{
+    BlobFill, Content, FileSource, Generated, Opened, blob_digest, check_name, split_query,
+};
 use super::metrics::{Outcome, TftpMetrics, TransferEvent};
 use super::options::{OptionLimits, negotiate};
 use super::packet::{ErrorCode, Packet, encode_data_header};
@@ -52,6 +54,7 @@ pub struct TftpServer {
     active: std::sync::Mutex<HashMap<SocketAddr, Arc<Notify>>>,
     /// Files made on request (GRUB's per-node configuration), asked before the disk.
     generated: Option<Arc<dyn Generated>>,
+    fill: Option<Arc<dyn BlobFill>>,
 }
 
 /// Removes a transfer from `active` when it ends, however it ends.
@@ -84,7 +87,15 @@ impl TftpServer {
             events,
             active: Default::default(),
             generated: None,
+            fill: None,
         }
+    }
+
+    /// Asks `fill` to make each blob present before it is opened (a cache of an object
+    /// store).
+    pub fn with_fill(mut self, fill: Arc<dyn BlobFill>) -> Self {
+        self.fill = Some(fill);
+        self
     }
 
     /// Serves `generated`'s files too.
@@ -274,6 +285,14 @@ impl TftpServer {
             Some(g) => g.generate(&name, query, client.ip(), local_ip).await,
             None => None,
         };
+        if made.is_none()
+            && let (Some(fill), Some(digest)) = (&self.fill, blob_digest(&name))
+            && let Err(why) = fill.fill(&digest).await
+        {
+            let m = format!("{name}: {why}");
+            send_error(&socket, ErrorCode::NotDefined, &m).await;
+            return Outcome::Failed(m);
+        }
         let opened = if let Some(bytes) = made {
             Ok(Opened {
                 len: bytes.len() as u64,

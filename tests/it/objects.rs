@@ -1,7 +1,10 @@
 //! Blobs on a real S3 server (`s3s-fs`): published through one server and served by
 //! another, each blob verified before it is ever served from a server's cache; a damaged
 //! object is refused; the object store going away costs only what no cache holds, with
-//! 503 and Retry-After, and recovery when it returns; the cache stays under its bound.
+//! 503 and Retry-After, and recovery when it returns; the cache stays under its bound,
+//! evicting the least recently served; TFTP fills from it as HTTP does; blobs larger
+//! than a part go up in parts; `image gc` removes objects no image needs once they are
+//! older than the grace; the object store may be HTTPS with a private CA.
 
 use crate::harness::{TestServer, good_bundle, noise};
 
@@ -226,5 +229,242 @@ async fn the_cache_stays_under_its_bound() {
     );
     // An evicted blob is filled again on demand.
     assert_eq!(get_blob(&server, &digests[0]).await.status(), 200);
+    server.stop().await;
+}
+
+/// Sets a cached blob's mtime `secs` into the past (as if filled or served then).
+fn age(server: &TestServer, digest: &str, secs: u64) {
+    let file = std::fs::File::open(server.blob_dir().join(&digest[7..])).unwrap();
+    file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_evicts_the_least_recently_served() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    const SIZE: usize = 256 << 10;
+    blobs.cache_max_bytes = Some((SIZE * 2 + SIZE / 2) as u64);
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let mut digests = Vec::new();
+    for i in 0..3u64 {
+        let (status, _) = server
+            .publish(good_bundle("demo", &i.to_string(), &noise(SIZE, 40 + i)))
+            .await;
+        assert_eq!(status, 201);
+        digests.push(kernel_digest(&server, &format!("demo:{i}")).await);
+    }
+    for name in server.blob_dir_entries() {
+        std::fs::remove_file(server.blob_dir().join(name)).unwrap();
+    }
+    for d in &digests[..2] {
+        assert_eq!(get_blob(&server, d).await.status(), 200);
+    }
+    // Blob 0 was filled first but is served again after blob 1: it stays, 1 goes.
+    age(&server, &digests[0], 300);
+    age(&server, &digests[1], 200);
+    assert_eq!(get_blob(&server, &digests[0]).await.status(), 200);
+    assert_eq!(get_blob(&server, &digests[2]).await.status(), 200);
+    let held = |d: &String| server.blob_dir().join(&d[7..]).is_file();
+    assert!(held(&digests[0]), "served last-but-one: kept");
+    assert!(!held(&digests[1]), "served longest ago: evicted");
+    assert!(held(&digests[2]), "the newest fill stays");
+    server.stop().await;
+}
+
+/// A free UDP port on loopback for a server's TFTP.
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `curl tftp://...`: the file's bytes, or curl's complaint.
+async fn tftp_get(port: u16, name: &str) -> Result<Vec<u8>, String> {
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            &format!("tftp://127.0.0.1:{port}/{name}"),
+        ])
+        .output()
+        .await
+        .expect("curl (the test command installs it)");
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tftp_fills_a_blob_from_the_object_store_and_never_serves_a_damaged_one() {
+    let s3 = crate::s3::start();
+    let creds = tempfile::tempdir().unwrap();
+    let blobs = s3.config(creds.path());
+    let bucket = bucket_of(&blobs);
+    let port = free_udp_port();
+    let server = TestServer::start_configured(|cfg| {
+        cfg.blobs = blobs.clone();
+        cfg.tftp_listen = Some(format!("127.0.0.1:{port}").parse().unwrap());
+    })
+    .await;
+    let kernel = noise(700 << 10, 12);
+    let (status, _) = server.publish(good_bundle("demo", "1", &kernel)).await;
+    assert_eq!(status, 201);
+    let digest = kernel_digest(&server, "demo:1").await;
+    let name = blob_url(&digest)[1..].to_string();
+    drop_from_cache(&server, &digest);
+    // GRUB's names carry the boot: `?boot=` is split off before the blob is looked up.
+    let got = tftp_get(port, &format!("{name}?boot=nonesuch"))
+        .await
+        .unwrap();
+    assert!(
+        got == kernel,
+        "TFTP served the object store's bytes after filling"
+    );
+    assert!(
+        server.blob_dir().join(&digest[7..]).is_file(),
+        "now in the cache"
+    );
+
+    drop_from_cache(&server, &digest);
+    let object = s3.object_path(&bucket, &digest);
+    let mut damaged = kernel.clone();
+    damaged[100] ^= 1;
+    std::fs::write(&object, &damaged).unwrap();
+    let e = tftp_get(port, &name).await.unwrap_err();
+    assert!(
+        !server.blob_dir().join(&digest[7..]).exists(),
+        "not kept: {e}"
+    );
+
+    std::fs::write(&object, &kernel).unwrap();
+    s3.kill();
+    let e = tftp_get(port, &name).await.unwrap_err();
+    assert!(!e.is_empty(), "the object store away: the transfer fails");
+    s3.restart();
+    assert!(tftp_get(port, &name).await.unwrap() == kernel, "recovered");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_larger_than_a_part_goes_up_in_parts() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    blobs.part_bytes = Some(5 << 20);
+    let bucket = bucket_of(&blobs);
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    // Three parts: two whole, one short.
+    let kernel = noise((11 << 20) + 3, 13);
+    let (status, body) = server.publish(good_bundle("demo", "1", &kernel)).await;
+    assert_eq!(status, 201, "{body}");
+    let digest = kernel_digest(&server, "demo:1").await;
+    let object = std::fs::read(s3.object_path(&bucket, &digest)).unwrap();
+    assert!(object == kernel, "the parts make the blob, in order");
+    let etag = s3.etag(&bucket, &digest).await;
+    assert!(
+        etag.ends_with("-3\""),
+        "uploaded in three parts: ETag {etag}"
+    );
+    drop_from_cache(&server, &digest);
+    let r = get_blob(&server, &digest).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().as_ref() == kernel.as_slice());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_removes_the_objects_no_image_needs_once_past_the_grace() {
+    let s3 = crate::s3::shared();
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    blobs.gc_grace_secs = Some(0);
+    let bucket = bucket_of(&blobs);
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let (one, two) = (noise(300 << 10, 14), noise(300 << 10, 15));
+    for (version, kernel) in [("1", &one), ("2", &two)] {
+        let (status, _) = server.publish(good_bundle("demo", version, kernel)).await;
+        assert_eq!(status, 201);
+    }
+    let gone = kernel_digest(&server, "demo:1").await;
+    let kept = kernel_digest(&server, "demo:2").await;
+    let r = server.delete("/api/v1/images/demo:1").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let report = server.post_json("/api/v1/blobs/gc").await;
+    let removed: Vec<&str> = report["objects_removed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"))
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(removed.contains(&gone.as_str()), "{report}");
+    assert!(!removed.contains(&kept.as_str()), "{report}");
+    assert!(
+        report["object_bytes_freed"].as_u64().unwrap() >= 300 << 10,
+        "{report}"
+    );
+    assert!(
+        !s3.object_path(&bucket, &gone).exists(),
+        "its object is gone"
+    );
+    assert!(s3.object_path(&bucket, &kept).exists(), "the other stays");
+    let report = server.post_json("/api/v1/blobs/verify").await;
+    assert_eq!(report["missing"], serde_json::json!([]), "{report}");
+    let (_, events) = server.json("/api/v1/events?kind=blobs.collected").await;
+    assert!(events.to_string().contains("objects_removed"), "{events}");
+    server.stop().await;
+
+    // With the default grace (a day), a fresh object is kept though nothing needs it:
+    // another server's publish may have uploaded it and not yet written its row.
+    let creds = tempfile::tempdir().unwrap();
+    let blobs = s3.config(creds.path());
+    let bucket = bucket_of(&blobs);
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let (status, _) = server.publish(good_bundle("demo", "3", &one)).await;
+    assert_eq!(status, 201);
+    let r = server.delete("/api/v1/images/demo:3").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let report = server.post_json("/api/v1/blobs/gc").await;
+    assert_eq!(report["objects_removed"], serde_json::json!([]), "{report}");
+    assert!(s3.object_path(&bucket, &gone).exists(), "young: kept");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_object_store_may_be_https_with_a_private_ca() {
+    let s3 = crate::s3::shared();
+    let front = s3.tls_front();
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    blobs.endpoint = Some(front.endpoint.clone());
+    blobs.ca_file = Some(front.ca_file.clone());
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let kernel = noise(1 << 20, 16);
+    let (status, body) = server.publish(good_bundle("demo", "1", &kernel)).await;
+    assert_eq!(status, 201, "{body}");
+    let digest = kernel_digest(&server, "demo:1").await;
+    drop_from_cache(&server, &digest);
+    let r = get_blob(&server, &digest).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().as_ref() == kernel.as_slice());
+    server.stop().await;
+
+    // Without the CA, the front's certificate is not trusted: nothing is published.
+    let creds = tempfile::tempdir().unwrap();
+    let mut blobs = s3.config(creds.path());
+    blobs.endpoint = Some(front.endpoint.clone());
+    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
+    let (status, body) = server
+        .publish(good_bundle("demo", "1", &noise(4096, 17)))
+        .await;
+    assert_ne!(status, 201, "{body}");
+    let (_, images) = server.json("/api/v1/images").await;
+    assert_eq!(images, serde_json::json!([]));
     server.stop().await;
 }

@@ -129,7 +129,7 @@ impl S3 {
             endpoint: Some(self.endpoint.clone()),
             region: None,
             credentials_file: Some(credentials),
-            cache_max_bytes: None,
+            ..Default::default()
         }
     }
 
@@ -143,6 +143,33 @@ impl S3 {
             .join(hex)
     }
 
+    /// The ETag the server gives `digest`'s object in `bucket` (a multipart upload's is
+    /// `"<md5 of the parts' md5s>-<parts>"`).
+    pub async fn etag(&self, bucket: &str, digest: &str) -> String {
+        use rusty_s3::S3Action as _;
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        let b = rusty_s3::Bucket::new(
+            self.endpoint.parse().unwrap(),
+            rusty_s3::UrlStyle::Path,
+            bucket.to_string(),
+            "us-east-1".to_string(),
+        )
+        .unwrap();
+        let creds = rusty_s3::Credentials::new(ACCESS_KEY, SECRET_KEY);
+        let url = b
+            .head_object(Some(&creds), &format!("fleet/sha256/{hex}"))
+            .sign(std::time::Duration::from_secs(60));
+        let r = bootfleet::http_client::builder()
+            .build()
+            .unwrap()
+            .head(url)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "HEAD {digest}: {}", r.status());
+        r.headers()["etag"].to_str().unwrap().to_string()
+    }
+
     /// Stops this server (kill -9): the object store goes away.
     pub fn kill(&self) {
         let pid = std::fs::read_to_string(&self.pid_file).unwrap();
@@ -152,5 +179,93 @@ impl S3 {
             .unwrap()
             .success();
         assert!(ok, "kill s3s-fs");
+    }
+}
+
+/// nginx in front of an S3 server, speaking HTTPS with a certificate for 127.0.0.1 from
+/// a CA of its own (openssl): what a TLS-terminated object store looks like to bootfleet.
+pub struct TlsFront {
+    /// `https://127.0.0.1:<port>`
+    pub endpoint: String,
+    /// The CA's certificate (PEM), for `[blobs] ca_file`.
+    pub ca_file: PathBuf,
+    nginx: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        let _ = self.nginx.kill();
+        let _ = self.nginx.wait();
+    }
+}
+
+impl S3 {
+    /// An HTTPS front for this server (nginx, one process, stopped when dropped).
+    pub fn tls_front(&self) -> TlsFront {
+        let dir = tempfile::tempdir().unwrap();
+        let issue = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=s3-ca 2>/dev/null && \
+             openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout s3.key -out s3.csr -subj /CN=127.0.0.1 2>/dev/null && \
+             printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > s3.ext && \
+             openssl x509 -req -in s3.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out s3.pem -days 2 -extfile s3.ext 2>/dev/null";
+        let ok = std::process::Command::new("sh")
+            .args(["-c", issue])
+            .current_dir(dir.path())
+            .status()
+            .expect("openssl (the test command installs it)")
+            .success();
+        assert!(ok, "openssl could not issue the S3 front's certificate");
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let d = dir.path().display();
+        // One process (no workers to change user to): reads the files of this test.
+        let conf = format!(
+            "daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log;
+             events {{}}
+             http {{
+               access_log off;
+               client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;
+               fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+               server {{
+                 listen 127.0.0.1:{port} ssl;
+                 ssl_certificate {d}/s3.pem; ssl_certificate_key {d}/s3.key;
+                 client_max_body_size 0;
+                 proxy_request_buffering off; proxy_buffering off;
+                 location / {{
+                   proxy_pass http://127.0.0.1:{s3};
+                   proxy_http_version 1.1;
+                   proxy_set_header Host $http_host;
+                 }}
+               }}
+             }}",
+            s3 = self.port,
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+        let nginx = std::process::Command::new("nginx")
+            .args([
+                "-e",
+                &format!("{d}/error.log"),
+                "-c",
+                &format!("{d}/nginx.conf"),
+            ])
+            .spawn()
+            .expect("nginx (the test command installs it)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nginx did not start: {}",
+                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        TlsFront {
+            endpoint: format!("https://127.0.0.1:{port}"),
+            ca_file: dir.path().join("ca.pem"),
+            nginx,
+            _dir: dir,
+        }
     }
 }

@@ -137,9 +137,14 @@ pub struct ImageEventData {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlobsCollectedData {
-    /// How many blobs were removed.
+    /// How many blobs were removed from the server's data directory.
     pub removed: usize,
     pub bytes_freed: u64,
+    /// How many objects were removed from the shared object store (`[blobs]`).
+    #[serde(default)]
+    pub objects_removed: usize,
+    #[serde(default)]
+    pub object_bytes_freed: u64,
 }
 
 /// `data` of a `health.drain` event.

@@ -147,9 +147,17 @@ pub struct VerifyReport {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GcReport {
+    /// Blobs removed from this server's data directory.
     pub removed: Vec<Digest>,
     pub bytes_freed: u64,
+    /// Blobs images still need.
     pub kept: usize,
+    /// Objects removed from the shared object store (none without `[blobs]`, and none
+    /// younger than `[blobs] gc_grace_secs`).
+    #[serde(default)]
+    pub objects_removed: Vec<Digest>,
+    #[serde(default)]
+    pub object_bytes_freed: u64,
 }
 
 /// The block size of every dm-verity tree bootfleet writes (data and hash blocks).
