@@ -176,6 +176,12 @@ pub struct DhcpFileConfig {
     /// chosen by the relay address of each request.
     #[serde(default)]
     pub subnet: Vec<crate::dhcp::pools::SubnetConfig>,
+    /// Authoritative mode, several servers on one segment: every pool is cut into this
+    /// many slices; each server gives out one slice, held as a lease in the shared
+    /// store (taken over within 20 s when its server dies), and a server that holds none
+    /// stays silent (a standby). Every server of a segment must say the same, with the
+    /// same pools [default: 1, the whole pool].
+    pub slices: Option<u32>,
     /// `[dhcp.files]`: boot file names per client class.
     #[serde(default)]
     pub files: crate::dhcp::decide::BootFiles,

@@ -687,6 +687,23 @@ pub async fn start_dhcp(
         dns: d.dns.clone(),
     };
     let pools = dhcp_pools(mode, d, &settings, journal.as_ref()).await?;
+    let slices = match d.slices.unwrap_or(1) {
+        0 => anyhow::bail!("[dhcp] slices must be at least 1"),
+        1 => crate::dhcp::server::Slices::whole(),
+        _ if pools.is_empty() => anyhow::bail!("[dhcp] slices is for authoritative mode"),
+        of => {
+            for pool in &pools {
+                let (start, end) = (u32::from(pool.config.start), u32::from(pool.config.end));
+                crate::dhcp::leases::slice_range(
+                    start,
+                    end,
+                    crate::dhcp::leases::Slice { index: 0, of },
+                )
+                .map_err(|e| anyhow::anyhow!("[dhcp] slices: {e}"))?;
+            }
+            crate::dhcp::server::Slices::of(of)
+        }
+    };
     match server.store.warm_node_cache().await {
         Ok(n) => tracing::info!(nodes = n, "DHCP node cache warmed"),
         Err(e) => {
@@ -708,6 +725,7 @@ pub async fn start_dhcp(
         relay_port: crate::dhcp::server::SERVER_PORT,
         client_port: d.client_port.unwrap_or(crate::dhcp::server::CLIENT_PORT),
         requested: Default::default(),
+        slices,
     });
     // New boots are checked against what DHCP saw of the MAC on the wire.
     let book: std::sync::Arc<dyn crate::dhcp::directory::AddressBook> = dhcp.clone();
@@ -745,8 +763,64 @@ pub async fn start_dhcp(
     if let Some(task) = start_router_advertisements(d, &runtime, server, &shutdown)? {
         tasks.push(task);
     }
+    if dhcp.slices.of > 1 {
+        let holding = hold_a_slice(dhcp.clone(), server, shutdown.clone());
+        tasks.push(tokio::spawn(crate::store::own_task(holding)));
+    }
     tasks.push(tokio::spawn(crate::store::own_task(dhcp.persist(shutdown))));
     Ok(tasks)
+}
+
+/// Holds one slice of the pools among the servers of this segment (a role lease per
+/// slice, named by the segment's first pool, so other segments' servers sharing the
+/// store do not compete for it) and gives it out: on taking one, its saved leases are
+/// read from the store, so a server taking over a dead one's slice keeps its clients'
+/// addresses. Ends when the lease holder does (at `shutdown`).
+fn hold_a_slice(
+    dhcp: std::sync::Arc<crate::dhcp::server::DhcpServer>,
+    server: &Server,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = ()> + use<> {
+    use crate::dhcp::directory::LeaseJournal as _;
+    let of = dhcp.slices.of;
+    let first = &dhcp.pools[0].config;
+    let roles = (1..=of)
+        .map(|k| format!("dhcp-slice/{}-{}/{k}-of-{of}", first.start, first.end))
+        .collect();
+    let mut held = crate::leader::hold_one(
+        server.store.clone(),
+        roles,
+        server.http.server_id.clone(),
+        &server.http.tasks,
+        shutdown.clone(),
+    );
+    let journal = StoreLeases(server.store.clone());
+    async move {
+        loop {
+            let index = (*held.borrow_and_update()).map(|k| k as u32);
+            // What the slice given up bound is saved before another is cut.
+            dhcp.save_changes().await;
+            loop {
+                let taken = match index {
+                    None => dhcp.take_slice(None, &[]),
+                    Some(_) => match journal.load().await {
+                        Ok(saved) => dhcp.take_slice(index, &saved),
+                        Err(e) => Err(e),
+                    },
+                };
+                let Err(e) = taken else { break };
+                tracing::warn!(error = %e, "cannot take up the DHCP slice held; silent until it can");
+                dhcp.take_slice(None, &[]).expect("giving up cannot fail");
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    () = shutdown.cancelled() => return,
+                }
+            }
+            if held.changed().await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Answers router solicitations on the boot interface (`[dhcp] router_advertisements`),
@@ -809,9 +883,7 @@ async fn dhcp_pools(
     let saved = journal.load().await.map_err(anyhow::Error::msg)?;
     let mut pools = Vec::new();
     if let Some(pool) = &d.pool {
-        let leases = crate::dhcp::leases::Leases::new(pool)
-            .map_err(|e| anyhow::anyhow!("[dhcp.pool] {e}"))?;
-        pools.push(Pool::local(leases, settings.clone()));
+        pools.push(Pool::local(pool, settings.clone()).map_err(anyhow::Error::msg)?);
     }
     for subnet in &d.subnet {
         pools.push(Pool::relayed(subnet, settings).map_err(anyhow::Error::msg)?);
@@ -846,17 +918,19 @@ impl crate::dhcp::directory::LeaseJournal for StoreLeases {
     async fn save(
         &self,
         keep: &[crate::dhcp::leases::Lease],
-        gone: &[crate::dhcp::leases::HwAddr],
+        gone: &[crate::dhcp::leases::Lease],
     ) -> Result<(), String> {
-        let keep: Vec<crate::store::LeaseRow> = keep
-            .iter()
-            .map(|l| crate::store::LeaseRow {
-                mac: l.mac.into(),
-                ip: l.ip,
-                expires_ms: l.expires_ms,
-            })
-            .collect();
-        let gone: Vec<crate::api::Mac> = gone.iter().map(|m| (*m).into()).collect();
+        let rows = |leases: &[crate::dhcp::leases::Lease]| -> Vec<crate::store::LeaseRow> {
+            leases
+                .iter()
+                .map(|l| crate::store::LeaseRow {
+                    mac: l.mac.into(),
+                    ip: l.ip,
+                    expires_ms: l.expires_ms,
+                })
+                .collect()
+        };
+        let (keep, gone) = (rows(keep), rows(gone));
         self.0
             .save_leases(&keep, &gone)
             .await

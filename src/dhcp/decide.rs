@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use super::classify::{BootClass, Client};
-use super::leases::Leases;
+use super::leases::{Leases, Refused};
 use super::wire::{Checked, encode_tlvs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
@@ -286,7 +286,8 @@ fn authoritative(
             };
             match leases.bind(&mac, wanted, now) {
                 Ok(lease) => with_boot(address_options(s, leases.lease_secs()), lease.ip, ACK),
-                Err(_) => Decision::Reply(Reply {
+                Err(Refused::Partners) => Decision::Ignore("another server's slice"),
+                Err(Refused::NotYours) => Decision::Reply(Reply {
                     message_type: NAK,
                     yiaddr: Ipv4Addr::UNSPECIFIED,
                     siaddr: Ipv4Addr::UNSPECIFIED,

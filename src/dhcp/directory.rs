@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 
 use super::decide::NodeView;
-use super::leases::{HwAddr, Lease};
+use super::leases::Lease;
 use crate::api::Mac;
 
 #[async_trait]
@@ -29,8 +29,10 @@ pub trait NodeDirectory: Send + Sync {
 pub trait LeaseJournal: Send + Sync {
     /// The bound leases saved before.
     async fn load(&self) -> Result<Vec<Lease>, String>;
-    /// Saves a batch of changes: leases to keep, MACs whose lease is gone.
-    async fn save(&self, keep: &[Lease], gone: &[HwAddr]) -> Result<(), String>;
+    /// Saves a batch of changes: leases to keep, and leases that ended (forgotten only
+    /// while the saved lease of that MAC still names that address: with several servers,
+    /// another may have bound the client since).
+    async fn save(&self, keep: &[Lease], gone: &[Lease]) -> Result<(), String>;
 }
 
 /// How DHCP came to know a client's address.

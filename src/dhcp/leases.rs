@@ -41,11 +41,43 @@ pub struct Lease {
 pub enum Refused {
     /// The address is not ours to give this client (NAK).
     NotYours,
+    /// The address is in another server's slice of the pool: that server answers, this
+    /// one stays silent (a NAK would undo the other's ACK).
+    Partners,
+}
+
+/// Which part of every pool a server gives out when several authoritative servers share
+/// a segment (`[dhcp] slices`): part `index` (from 0) of `of` contiguous parts. Disjoint
+/// parts are what keep two servers from giving one address to two clients without a
+/// store write per packet (ISC's and Kea's failover split pools the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    pub index: u32,
+    pub of: u32,
+}
+
+/// The addresses of `slice` of the pool `start..=end` (as u32s).
+pub fn slice_range(start: u32, end: u32, slice: Slice) -> Result<(u32, u32), String> {
+    let size = u64::from(end - start) + 1;
+    let (index, of) = (u64::from(slice.index), u64::from(slice.of));
+    if of == 0 || index >= of {
+        return Err(format!("slice {index} of {of} does not exist"));
+    }
+    if size < of {
+        return Err(format!(
+            "a pool of {size} addresses cannot be cut into {of} slices"
+        ));
+    }
+    let at = |k: u64| start + u32::try_from(size * k / of).expect("within the pool");
+    Ok((at(index), at(index + 1) - 1))
 }
 
 pub struct Leases {
+    /// What this server gives out: the pool, or its slice of it.
     start: u32,
     end: u32,
+    /// The whole pool (other servers' slices included).
+    whole: (u32, u32),
     lease_ms: i64,
     reserved_for: HashMap<HwAddr, Ipv4Addr>,
     reserved_ips: HashSet<Ipv4Addr>,
@@ -55,6 +87,9 @@ pub struct Leases {
     /// Where the next free-address search starts.
     cursor: u32,
     changed: HashSet<HwAddr>,
+    /// Leases that ended since the last save, by MAC: their rows are deleted only while
+    /// they still name that address (another server may have bound the client since).
+    ended: HashMap<HwAddr, Lease>,
 }
 
 /// A MAC in config form (aa:bb:cc:dd:ee:ff or with hyphens).
@@ -84,6 +119,7 @@ impl Leases {
         Ok(Self {
             start,
             end,
+            whole: (start, end),
             lease_ms: i64::from(cfg.lease_secs.max(60)) * 1000,
             reserved_for,
             reserved_ips,
@@ -92,7 +128,23 @@ impl Leases {
             declined: HashMap::new(),
             cursor: start,
             changed: HashSet::new(),
+            ended: HashMap::new(),
         })
+    }
+
+    /// The pool of which this server gives out only `slice`.
+    pub fn sliced(cfg: &PoolConfig, slice: Slice) -> Result<Self, String> {
+        let mut leases = Self::new(cfg)?;
+        let (start, end) = slice_range(leases.start, leases.end, slice)?;
+        leases.start = start;
+        leases.end = end;
+        leases.cursor = start;
+        Ok(leases)
+    }
+
+    /// The addresses this server gives out.
+    pub fn range(&self) -> (Ipv4Addr, Ipv4Addr) {
+        (Ipv4Addr::from(self.start), Ipv4Addr::from(self.end))
     }
 
     pub fn lease_secs(&self) -> u32 {
@@ -154,9 +206,12 @@ impl Leases {
             && prev != lease.mac
         {
             // An expired lease of another client: its address is reused.
-            self.by_mac.remove(&prev);
+            if let Some(old) = self.by_mac.remove(&prev) {
+                self.ended.insert(prev, old);
+            }
             self.changed.insert(prev);
         }
+        self.ended.remove(&lease.mac);
         self.changed.insert(lease.mac);
     }
 
@@ -206,7 +261,14 @@ impl Leases {
     /// Binds `ip` to `mac` (a REQUEST: selecting, init-reboot, renewing, rebinding).
     pub fn bind(&mut self, mac: &HwAddr, ip: Ipv4Addr, now: i64) -> Result<Lease, Refused> {
         if !self.available(ip, mac, now) {
-            return Err(Refused::NotYours);
+            let partners = (self.whole.0..=self.whole.1).contains(&u32::from(ip))
+                && !self.in_pool(ip)
+                && !self.reserved_for.contains_key(mac);
+            return Err(if partners {
+                Refused::Partners
+            } else {
+                Refused::NotYours
+            });
         }
         let lease = Lease {
             mac: *mac,
@@ -227,6 +289,7 @@ impl Leases {
             if self.by_ip.get(&l.ip) == Some(mac) {
                 self.by_ip.remove(&l.ip);
             }
+            self.ended.insert(*mac, l);
             self.changed.insert(*mac);
         }
     }
@@ -237,28 +300,87 @@ impl Leases {
         self.declined.insert(ip, now + DECLINE_HOLD_MS);
     }
 
-    /// Marks leases changed again (their save failed; the next batch retries them).
-    pub fn requeue(&mut self, macs: impl IntoIterator<Item = HwAddr>) {
-        self.changed.extend(macs);
+    /// Marks a batch changed again (its save failed; the next batch retries it).
+    pub fn requeue(&mut self, keep: &[Lease], gone: &[Lease]) {
+        self.changed.extend(keep.iter().map(|l| l.mac));
+        for l in gone {
+            if !self.by_mac.contains_key(&l.mac) {
+                self.ended.entry(l.mac).or_insert(*l);
+                self.changed.insert(l.mac);
+            }
+        }
     }
 
-    /// Leases changed since the last call: (to store, MACs to delete).
-    pub fn take_changes(&mut self) -> (Vec<Lease>, Vec<HwAddr>) {
+    /// Leases changed since the last call: (to store, ended: to delete where they still
+    /// name their address).
+    pub fn take_changes(&mut self) -> (Vec<Lease>, Vec<Lease>) {
         let mut keep = Vec::new();
         let mut gone = Vec::new();
         for mac in self.changed.drain() {
             match self.by_mac.get(&mac) {
                 Some(l) if l.bound => keep.push(*l),
                 Some(_) => {} // offers are not persisted
-                None => gone.push(mac),
+                None => gone.extend(self.ended.remove(&mac)),
             }
         }
+        self.ended.clear();
         (keep, gone)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn slices_cut_a_pool_into_disjoint_parts_that_cover_it() {
+        let (start, end) = (100, 250);
+        let mut next = start;
+        for index in 0..3 {
+            let (lo, hi) = slice_range(start, end, Slice { index, of: 3 }).unwrap();
+            assert_eq!(lo, next, "contiguous, no gap, no overlap");
+            next = hi + 1;
+        }
+        assert_eq!(next, end + 1, "the last slice ends the pool");
+        assert!(slice_range(1, 2, Slice { index: 0, of: 3 }).is_err());
+        assert!(slice_range(1, 9, Slice { index: 3, of: 3 }).is_err());
+    }
+
+    #[test]
+    fn a_slice_offers_its_own_and_leaves_its_partners_addresses_unanswered() {
+        let cfg = PoolConfig {
+            start: Ipv4Addr::new(10, 0, 0, 10),
+            end: Ipv4Addr::new(10, 0, 0, 19),
+            reservations: Default::default(),
+            lease_secs: 600,
+        };
+        let mut second = Leases::sliced(&cfg, Slice { index: 1, of: 2 }).unwrap();
+        assert_eq!(
+            second.range(),
+            (Ipv4Addr::new(10, 0, 0, 15), Ipv4Addr::new(10, 0, 0, 19))
+        );
+        let mac = [2, 0, 0, 0, 0, 1];
+        assert_eq!(
+            second.offer(&mac, Some(Ipv4Addr::new(10, 0, 0, 11)), 0),
+            Some(Ipv4Addr::new(10, 0, 0, 15)),
+            "a requested address in the other slice is not offered"
+        );
+        assert_eq!(
+            second.bind(&mac, Ipv4Addr::new(10, 0, 0, 12), 0),
+            Err(Refused::Partners)
+        );
+        assert_eq!(
+            second.bind(&mac, Ipv4Addr::new(10, 0, 1, 12), 0),
+            Err(Refused::NotYours)
+        );
+        // Saved leases of the other slice are not this server's to keep.
+        second.load([Lease {
+            mac: [2, 0, 0, 0, 0, 2],
+            ip: Ipv4Addr::new(10, 0, 0, 10),
+            expires_ms: 1_000_000,
+            bound: true,
+        }]);
+        assert!(second.holder(Ipv4Addr::new(10, 0, 0, 10)).is_none());
+    }
+
     use super::*;
 
     fn pool(reservations: &[(&str, &str)]) -> Leases {
@@ -332,7 +454,13 @@ mod tests {
             "offers are not persisted, binds are"
         );
         p.release(&mac(1), Some(ip("10.0.0.11")));
-        assert_eq!(p.take_changes(), (vec![], vec![mac(1)]));
+        let (keep, gone) = p.take_changes();
+        assert!(keep.is_empty());
+        assert_eq!(
+            gone.iter().map(|l| (l.mac, l.ip)).collect::<Vec<_>>(),
+            vec![(mac(1), ip("10.0.0.11"))],
+            "the ended lease, with the address its row must still name"
+        );
         p.decline(&mac(2), ip("10.0.0.10"), 0);
         assert_eq!(
             p.offer(&mac(2), Some(ip("10.0.0.10")), 1),

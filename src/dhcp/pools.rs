@@ -81,6 +81,8 @@ pub struct Pool {
     /// Whether `router` defaults to the request's relay address.
     pub router_is_relay: bool,
     pub leases: Mutex<Leases>,
+    /// What `leases` was made from, to cut it again when the server's slice changes.
+    pub config: PoolConfig,
 }
 
 impl Pool {
@@ -109,17 +111,19 @@ impl Pool {
             },
             router_is_relay: cfg.router.is_none(),
             leases: Mutex::new(leases),
+            config: cfg.pool.clone(),
         })
     }
 
     /// The server's own segment's pool.
-    pub fn local(leases: Leases, settings: Settings) -> Self {
-        Self {
+    pub fn local(config: &PoolConfig, settings: Settings) -> Result<Self, String> {
+        Ok(Self {
             relay: None,
             settings,
             router_is_relay: false,
-            leases: Mutex::new(leases),
-        }
+            leases: Mutex::new(Leases::new(config).map_err(|e| format!("[dhcp.pool] {e}"))?),
+            config: config.clone(),
+        })
     }
 }
 

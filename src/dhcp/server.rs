@@ -3,6 +3,7 @@
 //! every `FLUSH_EVERY`, so no packet waits on a database write.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use super::chain::{Chain, ChainMemory, ChainPolicy};
 use super::classify::{BootClass, classify};
 use super::decide::{Decision, NAK, NodeView, Port, Reply, Settings, decide};
 use super::directory::{AddressBook, LeaseJournal, NodeDirectory, WireAddress, Witnessed};
+use super::leases::{Lease, Leases};
 use super::metrics::DhcpMetrics;
 use super::pools::{Pool, choose};
 use super::reply::{encode, relay_info};
@@ -45,6 +47,35 @@ pub struct DhcpServer {
     pub client_port: u16,
     /// Proxy mode: the address each network-booting MAC asked the site's server for.
     pub requested: Mutex<super::requested::Requested>,
+    /// Authoritative mode: which slice of every pool this server gives out.
+    pub slices: Slices,
+}
+
+/// `[dhcp] slices`: the pools cut into `of` slices, of which this server holds one at a
+/// time (or none: it then leaves every authoritative request to the others).
+pub struct Slices {
+    pub of: u32,
+    /// The slice held plus one; 0: none.
+    held: std::sync::atomic::AtomicU32,
+}
+
+impl Slices {
+    /// One server, the whole pool, always.
+    pub fn whole() -> Self {
+        Self {
+            of: 1,
+            held: 1.into(),
+        }
+    }
+
+    /// `of` slices, none held yet.
+    pub fn of(of: u32) -> Self {
+        Self { of, held: 0.into() }
+    }
+
+    pub fn held(&self) -> Option<u32> {
+        self.held.load(Ordering::Acquire).checked_sub(1)
+    }
 }
 
 /// A UDP socket for DHCP: broadcast allowed, address reusable (one per interface), and
@@ -130,6 +161,11 @@ impl DhcpServer {
                 return None;
             }
         };
+        if pool.is_some() && self.slices.held().is_none() {
+            // A standby: the servers holding the slices answer.
+            self.metrics.count("ignored.no_slice_held");
+            return None;
+        }
         let relayed;
         let settings = match pool {
             Some(p) if p.router_is_relay => {
@@ -263,6 +299,47 @@ impl DhcpServer {
         }
     }
 
+    /// Saves the leases changed since the last save (a failed save is retried by the
+    /// next).
+    pub async fn save_changes(&self) {
+        for pool in &self.pools {
+            let (keep, gone) = pool.leases.lock().expect("not poisoned").take_changes();
+            if let Err(e) = self.journal.save(&keep, &gone).await {
+                tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
+                pool.leases
+                    .lock()
+                    .expect("not poisoned")
+                    .requeue(&keep, &gone);
+            }
+        }
+    }
+
+    /// Gives out `index`'s slice of every pool from now on, with the leases `saved` in
+    /// it (from the shared store: those its last holder bound), or nothing (`None`).
+    pub fn take_slice(&self, index: Option<u32>, saved: &[Lease]) -> Result<(), String> {
+        let Some(index) = index else {
+            self.slices.held.store(0, Ordering::Release);
+            return Ok(());
+        };
+        let slice = super::leases::Slice {
+            index,
+            of: self.slices.of,
+        };
+        let mut cut = Vec::with_capacity(self.pools.len());
+        for pool in &self.pools {
+            let mut leases = Leases::sliced(&pool.config, slice)?;
+            leases.load(saved.iter().copied());
+            cut.push(leases);
+        }
+        for (pool, leases) in self.pools.iter().zip(cut) {
+            let (start, end) = leases.range();
+            tracing::info!(slice = index, of = slice.of, %start, %end, "DHCP gives out this slice of the pool");
+            *pool.leases.lock().expect("not poisoned") = leases;
+        }
+        self.slices.held.store(index + 1, Ordering::Release);
+        Ok(())
+    }
+
     /// Saves lease changes every `FLUSH_EVERY`, and once more at `stop`.
     pub async fn persist(self: Arc<Self>, stop: CancellationToken) {
         if self.pools.is_empty() {
@@ -273,14 +350,7 @@ impl DhcpServer {
                 () = tokio::time::sleep(FLUSH_EVERY) => false,
                 () = stop.cancelled() => true,
             };
-            for pool in &self.pools {
-                let (keep, gone) = pool.leases.lock().expect("not poisoned").take_changes();
-                if let Err(e) = self.journal.save(&keep, &gone).await {
-                    tracing::warn!(error = %e, "cannot save DHCP leases; retrying");
-                    let macs = keep.iter().map(|l| l.mac).chain(gone);
-                    pool.leases.lock().expect("not poisoned").requeue(macs);
-                }
-            }
+            self.save_changes().await;
             if stopping {
                 return;
             }

@@ -78,6 +78,61 @@ pub fn hold(
     rx
 }
 
+/// Holds one of `roles` at a time for `holder` (the first free, in order: servers
+/// sharing a store each take another), until `stop`, then gives it up. The receiver
+/// reads which (its index), None while none: every role is held by another server, or
+/// the store cannot be reached (a holder that cannot renew steps down at once).
+pub fn hold_one(
+    store: Store,
+    roles: Vec<String>,
+    holder: String,
+    tasks: &tokio_util::task::TaskTracker,
+    stop: CancellationToken,
+) -> watch::Receiver<Option<usize>> {
+    let (held_tx, rx) = watch::channel(None);
+    tasks.spawn(crate::store::own_task(async move {
+        let ttl = TTL.as_millis() as i64;
+        let mut held: Option<usize> = None;
+        loop {
+            if let Some(k) = held {
+                match store.lead(&roles[k], &holder, now_ms(), ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => held = None,
+                    Err(e) => {
+                        tracing::warn!(role = roles[k], error = %e, "cannot renew the role's lease; stepping down");
+                        held = None;
+                    }
+                }
+            }
+            if held.is_none() {
+                for (k, role) in roles.iter().enumerate() {
+                    if let Ok(true) = store.lead(role, &holder, now_ms(), ttl).await {
+                        held = Some(k);
+                        break;
+                    }
+                }
+            }
+            held_tx.send_if_modified(|was| {
+                if *was != held {
+                    tracing::info!(role = held.map(|k| roles[k].as_str()), "role changed hands");
+                }
+                std::mem::replace(was, held) != held
+            });
+            tokio::select! {
+                () = tokio::time::sleep(RENEW) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        held_tx.send_replace(None);
+        if let Some(k) = held
+            && let Err(e) = store.resign(&roles[k], &holder).await
+        {
+            tracing::warn!(role = roles[k], error = %e, "cannot give up the role; it lapses by itself");
+        }
+    }));
+    rx
+}
+
 /// Waits until `leading` reads true; false if `stop` came first.
 pub async fn until_leading(leading: &mut watch::Receiver<bool>, stop: &CancellationToken) -> bool {
     tokio::select! {

@@ -589,7 +589,9 @@ pub trait WebhookStore: Send + Sync {
 pub trait LeaseStore: Send + Sync {
     async fn load_leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
     /// Writes a batch of lease changes in one transaction.
-    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError>;
+    /// Upserts `keep` by MAC; deletes each of `gone` only while its row names that
+    /// address (another server may have bound the client to another since).
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[LeaseRow]) -> Result<(), StoreError>;
 }
 
 /// Roles exactly one server plays at a time (the webhook sender, the sweeper): a lease

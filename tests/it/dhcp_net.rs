@@ -869,3 +869,140 @@ async fn router_solicitations_are_answered_with_no_router_here() {
     assert!(counted(&metrics), "{metrics}");
     server.stop().await;
 }
+
+/// Which half of the lab's pool (.100-.250 cut into 2 slices: .100-.174, .175-.250).
+fn half(ip: Ipv4Addr) -> u8 {
+    if ip.octets()[3] <= 174 { 0 } else { 1 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_slice() {
+    require(&[("ip", "iproute2")]);
+    let mut lab = Lab::new();
+    let client = lab.host("cli", None);
+    let n = lab.n;
+    // Three servers on one segment, each with its own address (its server identifier).
+    for host in [2, 3] {
+        sh(&format!(
+            "ip addr add {}/24 dev {}",
+            lab.ip(host),
+            lab.bridge
+        ));
+    }
+    let url = crate::pg::database().await;
+    let next = std::sync::atomic::AtomicU8::new(1);
+    let base = lab.settings(Mode::Authoritative);
+    let (mut servers, _shared) = crate::servers::cluster(3, &url, |cfg| {
+        let host = next.fetch_add(1, Ordering::Relaxed);
+        cfg.dhcp = bootfleet::config::DhcpFileConfig {
+            server_ip: Some(lab.ip(host)),
+            slices: Some(2),
+            ..base.clone()
+        };
+    })
+    .await;
+    let sock = client_socket(&client);
+    let discover = |mac: [u8; 6], xid: u32| {
+        let packet = request(mac, xid, v4::MessageType::Discover, vec![]);
+        tokio::task::block_in_place(|| exchange(&sock, &packet, xid, Duration::from_millis(600)))
+    };
+    let mac = |i: u8| [0x52, 0x54, 0, 0x7a, n as u8, i];
+
+    // The first two servers hold the two slices; the third holds none and stays silent.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut offers = discover(mac(0), 0x5000);
+    while offers.len() < 2 && Instant::now() < deadline {
+        offers = discover(mac(0), 0x5000);
+    }
+    let mut by_server = std::collections::HashMap::new();
+    for o in &offers {
+        by_server.insert(server_id(o).unwrap(), half(o.yiaddr()));
+    }
+    assert_eq!(
+        offers.len(),
+        2,
+        "one offer from each slice holder: {offers:?}"
+    );
+    assert_eq!(by_server.len(), 2, "{by_server:?}");
+    assert!(!by_server.contains_key(&lab.ip(3)), "the standby is silent");
+    assert_ne!(
+        by_server[&lab.ip(1)],
+        by_server[&lab.ip(2)],
+        "disjoint slices"
+    );
+
+    // Clients take one server's offer or the other's: each gets its own address.
+    let mut bound = Vec::new();
+    for i in 0..6u8 {
+        let xid = 0x5100 + u32::from(i) * 2;
+        let offers = discover(mac(i), xid);
+        assert_eq!(offers.len(), 2, "client {i}: {offers:?}");
+        for o in &offers {
+            let id = server_id(o).unwrap();
+            assert_eq!(
+                half(o.yiaddr()),
+                by_server[&id],
+                "{id} offers only its slice"
+            );
+        }
+        let chosen = &offers[usize::from(i) % 2];
+        let opts = vec![
+            v4::DhcpOption::ServerIdentifier(server_id(chosen).unwrap()),
+            v4::DhcpOption::RequestedIpAddress(chosen.yiaddr()),
+        ];
+        let req = request(mac(i), xid + 1, v4::MessageType::Request, opts);
+        let acks = tokio::task::block_in_place(|| {
+            exchange(&sock, &req, xid + 1, Duration::from_millis(600))
+        });
+        assert_eq!(acks.len(), 1, "client {i}: {acks:?}");
+        assert_eq!(acks[0].opts().msg_type(), Some(v4::MessageType::Ack));
+        assert_eq!(acks[0].yiaddr(), chosen.yiaddr());
+        bound.push((mac(i), chosen.yiaddr(), server_id(chosen).unwrap()));
+    }
+    let distinct: std::collections::HashSet<_> = bound.iter().map(|b| b.1).collect();
+    assert_eq!(
+        distinct.len(),
+        bound.len(),
+        "no address given twice: {bound:?}"
+    );
+
+    // A client asking again for its address (INIT-REBOOT: no server named) hears its
+    // own server's ACK and no NAK from the other.
+    let (m, ip, id) = bound[0];
+    let req = request(
+        m,
+        0x5200,
+        v4::MessageType::Request,
+        vec![v4::DhcpOption::RequestedIpAddress(ip)],
+    );
+    let replies =
+        tokio::task::block_in_place(|| exchange(&sock, &req, 0x5200, Duration::from_millis(600)));
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0].opts().msg_type(), Some(v4::MessageType::Ack));
+    assert_eq!(server_id(&replies[0]), Some(id));
+
+    // The first server stops: the standby takes its slice with its leases, so a client
+    // of the first gets its own address again, now from the standby.
+    let first = servers.remove(0);
+    first.stop().await;
+    let (m, ip, _) = *bound.iter().find(|b| b.2 == lab.ip(1)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let taken_over = loop {
+        let offers = discover(m, 0x5300);
+        if let Some(o) = offers.iter().find(|o| server_id(o) == Some(lab.ip(3))) {
+            break o.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not take the slice over: {offers:?}"
+        );
+    };
+    assert_eq!(
+        taken_over.yiaddr(),
+        ip,
+        "the lease went over with the slice"
+    );
+    for s in servers {
+        s.stop().await;
+    }
+}

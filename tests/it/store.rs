@@ -698,10 +698,27 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         })
         .collect();
     store.save_leases(&keep, &[]).await.unwrap();
-    store.save_leases(&[], &[mac(11)]).await.unwrap();
+    store
+        .save_leases(&[], std::slice::from_ref(&keep[1]))
+        .await
+        .unwrap();
+    // Another server bound the third client to another address since: the first
+    // server's end of the old lease leaves the new one alone.
+    let moved = LeaseRow {
+        ip: std::net::Ipv4Addr::new(10, 0, 0, 99),
+        ..keep[2].clone()
+    };
+    store
+        .save_leases(std::slice::from_ref(&moved), &[])
+        .await
+        .unwrap();
+    store
+        .save_leases(&[], std::slice::from_ref(&keep[2]))
+        .await
+        .unwrap();
     let mut loaded = store.load_leases().await.unwrap();
     loaded.sort_by_key(|l| l.mac.to_string());
-    assert_eq!(loaded, vec![keep[0].clone(), keep[2].clone()]);
+    assert_eq!(loaded, vec![keep[0].clone(), moved]);
     // Fetches: a made-up boot id records nothing.
     let digest = image(&store, "demo", "1").await;
     let m = mac(20);

@@ -3,7 +3,6 @@
 use async_trait::async_trait;
 
 use super::PgStore;
-use crate::api::Mac;
 use crate::store::{LeaseRow, LeaseStore, StoreError, rows};
 
 #[async_trait]
@@ -17,7 +16,7 @@ impl LeaseStore for PgStore {
     }
 
     /// Writes a batch of lease changes in one transaction, one statement per kind.
-    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError> {
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[LeaseRow]) -> Result<(), StoreError> {
         if keep.is_empty() && gone.is_empty() {
             return Ok(());
         }
@@ -35,10 +34,14 @@ impl LeaseStore for PgStore {
             .await?;
         }
         if !gone.is_empty() {
-            sqlx::query("DELETE FROM dhcp_leases WHERE mac = ANY($1)")
-                .bind(gone.iter().map(|m| m.to_string()).collect::<Vec<_>>())
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "DELETE FROM dhcp_leases USING UNNEST($1::text[], $2::text[]) AS g(mac, ip)
+                 WHERE dhcp_leases.mac = g.mac AND dhcp_leases.ip = g.ip",
+            )
+            .bind(gone.iter().map(|l| l.mac.to_string()).collect::<Vec<_>>())
+            .bind(gone.iter().map(|l| l.ip.to_string()).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())

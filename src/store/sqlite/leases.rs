@@ -3,7 +3,6 @@
 use async_trait::async_trait;
 
 use super::SqliteStore;
-use crate::api::Mac;
 use crate::store::{LeaseRow, LeaseStore, StoreError, rows};
 
 #[async_trait]
@@ -17,7 +16,7 @@ impl LeaseStore for SqliteStore {
     }
 
     /// Writes a batch of lease changes in one transaction.
-    async fn save_leases(&self, keep: &[LeaseRow], gone: &[Mac]) -> Result<(), StoreError> {
+    async fn save_leases(&self, keep: &[LeaseRow], gone: &[LeaseRow]) -> Result<(), StoreError> {
         if keep.is_empty() && gone.is_empty() {
             return Ok(());
         }
@@ -33,9 +32,10 @@ impl LeaseStore for SqliteStore {
             .execute(&mut *tx)
             .await?;
         }
-        for mac in gone {
-            sqlx::query("DELETE FROM dhcp_leases WHERE mac = ?")
-                .bind(mac.to_string())
+        for l in gone {
+            sqlx::query("DELETE FROM dhcp_leases WHERE mac = ? AND ip = ?")
+                .bind(l.mac.to_string())
+                .bind(l.ip.to_string())
                 .execute(&mut *tx)
                 .await?;
         }
