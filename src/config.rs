@@ -59,6 +59,9 @@ pub struct FileConfig {
     /// `[blobs]`: the shared object store, when blobs are kept on S3.
     #[serde(default)]
     pub blobs: crate::image::objects::ObjectsConfig,
+    /// `[cluster]`: the other servers sharing this state.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
     /// `[http]`: connection caps and timeouts.
     #[serde(default)]
     pub http: crate::http::serve::HttpSettings,
@@ -197,6 +200,18 @@ pub struct DhcpFileConfig {
     pub router_advertisements: Option<bool>,
 }
 
+/// `[cluster]`: several servers sharing one `[store]` and `[blobs]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Every server's HTTP base as nodes reach it (`http://10.0.0.1:8080`): a node's
+    /// entry script tries each in turn, and its agent turns to the next when the one it
+    /// talks to does not answer (`bootfleet.servers=` on the kernel command line).
+    /// Unset: a node knows only the server that answered it.
+    #[serde(default)]
+    pub servers: Vec<String>,
+}
+
 /// `[tftp]`: the read-only TFTP server for boot binaries. Off unless `listen` is set.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -248,6 +263,7 @@ pub struct ServerConfig {
     pub dhcp: DhcpFileConfig,
     pub store: StoreConfig,
     pub blobs: crate::image::objects::ObjectsConfig,
+    pub cluster: ClusterConfig,
     pub http: crate::http::serve::HttpSettings,
     pub events: crate::events::retention::Retention,
     pub discovery: crate::node::policy::DiscoveryPolicy,
@@ -322,6 +338,7 @@ impl ServerConfig {
             lifecycle: file.lifecycle,
             webhooks: file.webhooks,
             blobs: file.blobs,
+            cluster: file.cluster,
             http: file.http,
             events: file.events,
             discovery: file.discovery,

@@ -70,7 +70,8 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     let templates = match &cfg.templates_dir {
         Some(dir) => crate::boot::script::BootTemplates::with_overrides(dir)?,
         None => crate::boot::script::BootTemplates::builtin(),
-    };
+    }
+    .with_peers(cfg.cluster.servers.clone());
     let overlay = match &cfg.overlay_dir {
         Some(dir) => crate::boot::overlay::Overlay::load(dir)?,
         None => crate::boot::overlay::Overlay::default(),

@@ -18,7 +18,8 @@ use clap::Parser;
         bootfleet.token=, bootfleet.image= and bootfleet.mac= from the kernel command line (the \
         flags override them), posts attestation, then validation (GPUs through NVML, XIDs from \
         the kernel log), then heartbeats, and reboots when the server asks. Transient errors are \
-        retried with back-off, forever."
+        retried with back-off, forever; with bootfleet.servers= (the cluster's servers), a call \
+        the server fails or does not answer goes to the next."
 )]
 struct Args {
     /// The server's URL [default: bootfleet.server= on the kernel command line].
@@ -168,7 +169,7 @@ fn main() -> ExitCode {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("HTTP client builds"),
-        server,
+        servers: bootfleet_agent::run::Servers::new(&server, &p.servers),
         boot,
         token,
         mac,
@@ -260,9 +261,16 @@ async fn stage1(
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?;
-        root::prepare(&client, &agent.server, &agent.boot, &blob, dir, cache)
-            .await
-            .map_err(|e| e.to_string())
+        root::prepare(
+            &client,
+            agent.servers.current(),
+            &agent.boot,
+            &blob,
+            dir,
+            cache,
+        )
+        .await
+        .map_err(|e| e.to_string())
     }
     .await;
     match outcome {

@@ -82,6 +82,9 @@ pub enum TemplateError {
 
 pub struct BootTemplates {
     env: Environment<'static>,
+    /// `[cluster] servers`: every server's HTTP base as nodes reach it, for a node to
+    /// fall back to when the one it talks to does not answer.
+    peers: Vec<String>,
 }
 
 /// One initrd of the script: the name iPXE gives it (UEFI kernels find it by that name
@@ -202,7 +205,28 @@ impl BootTemplates {
                     message: e.to_string(),
                 })?;
         }
-        Ok(Self { env })
+        Ok(Self {
+            env,
+            peers: Vec::new(),
+        })
+    }
+
+    /// The servers a node falls back to (`[cluster] servers`).
+    pub fn with_peers(mut self, peers: Vec<String>) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// `server` first, then the other peers, each once.
+    fn servers(&self, server: &str) -> Vec<String> {
+        let mut all = vec![server.trim_end_matches('/').to_string()];
+        for p in &self.peers {
+            let p = p.trim_end_matches('/');
+            if !all.iter().any(|s| s == p) {
+                all.push(p.to_string());
+            }
+        }
+        all
     }
 
     fn render(&self, name: &str, ctx: minijinja::Value) -> Result<String, TemplateError> {
@@ -247,7 +271,8 @@ impl Scripts<'_> {
 
     /// `/boot.ipxe`: the same for every client.
     pub fn entry(&self, server: &str) -> Result<String, TemplateError> {
-        self.render("entry", minijinja::context! { server })
+        let servers = self.templates.servers(server);
+        self.render("entry", minijinja::context! { server, servers })
     }
 
     /// A node with an image: kernel and initrds by digest, with retries.
@@ -267,6 +292,11 @@ impl Scripts<'_> {
             initrd_args.join(" "),
             b.image.cmdline.clone(),
             format!("bootfleet.server={}", b.server),
+            // The others, for the agent to turn to when its server does not answer.
+            match self.templates.servers(b.server).as_slice() {
+                [_only] => String::new(),
+                servers => format!("bootfleet.servers={}", servers.join(",")),
+            },
             format!("bootfleet.boot={}", b.boot_id),
             format!("bootfleet.token={}", b.token),
             format!("bootfleet.image={}", b.image.digest),
@@ -440,6 +470,34 @@ mod tests {
         on_disk.sort();
         built_in.sort();
         assert_eq!(on_disk, built_in);
+    }
+
+    #[test]
+    fn a_node_is_given_the_other_servers_to_fall_back_to() {
+        let t = BootTemplates::builtin().with_peers(vec![
+            "http://10.0.0.1:8080/".into(),
+            "http://10.0.0.2:8080".into(),
+        ]);
+        let entry = t.ipxe().entry("http://10.0.0.1:8080").unwrap();
+        let chains: Vec<&str> = entry.lines().filter(|l| l.starts_with("chain ")).collect();
+        assert_eq!(chains.len(), 2, "its own server, then the other: {entry}");
+        assert!(chains[0].contains("http://10.0.0.1:8080/boot/node.ipxe"));
+        assert!(chains[1].contains("http://10.0.0.2:8080/boot/node.ipxe"));
+        let b = NodeBoot {
+            server: "http://10.0.0.2:8080",
+            mac: "52-54-00-12-34-56",
+            boot_id: "b-1",
+            token: "t",
+            image: &image(),
+            rootfs_cache: None,
+        };
+        let script = t.ipxe().node(&b).unwrap();
+        assert!(
+            script.contains("bootfleet.servers=http://10.0.0.2:8080,http://10.0.0.1:8080 "),
+            "{script}"
+        );
+        let alone = BootTemplates::builtin().ipxe().node(&b).unwrap();
+        assert!(!alone.contains("bootfleet.servers="), "{alone}");
     }
 
     #[test]

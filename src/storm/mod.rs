@@ -53,6 +53,8 @@ impl Behaviour {
             versions: [("nvidia-driver".to_string(), setup::DRIVER.to_string())].into(),
             gpu_report: gpu_report(),
             telemetry: true,
+            reboots: 0,
+            reboot_after: Duration::from_secs(30),
         }
     }
 }

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 
 use super::dhcp::{Asker, Segment};
 use crate::tftp::client::{ClientOptions, fetch};
+use bootfleet_agent::run::Servers;
 
 /// The steps of a boot, in order; `Ready` is power-on to validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -71,6 +72,11 @@ pub struct Behaviour {
     /// Heartbeats carry each GPU's and InfiniBand port's readings (as the agent's do);
     /// off, only the facts (for the telemetry benchmark's baseline).
     pub telemetry: bool,
+    /// Failed boots a node starts over from power-on (after `reboot_after`), as our
+    /// boot script reboots a node whose boot failed and the server reimages a node whose
+    /// attestation or validation failed; 0: a failure is final.
+    pub reboots: u32,
+    pub reboot_after: Duration,
 }
 
 /// What one node's boot came to.
@@ -104,8 +110,16 @@ fn hexhyp(mac: [u8; 6]) -> String {
 pub async fn boot(segment: &Segment, b: &Behaviour, mac: [u8; 6], cut: bool) -> NodeResult {
     let mut r = NodeResult::default();
     let power_on = Instant::now();
-    if let Err(Failed(phase, why)) = run(segment, b, mac, cut, &mut r, power_on).await {
-        r.failure = Some((phase, why));
+    let mut rebooted = 0;
+    while let Err(Failed(phase, why)) = run(segment, b, mac, cut, &mut r, power_on).await {
+        if rebooted == b.reboots {
+            r.failure = Some((phase, why));
+            break;
+        }
+        rebooted += 1;
+        r.retry("reboot after a failed boot", 1);
+        tracing::debug!(phase = phase.name(), %why, "boot failed; the node starts over");
+        tokio::time::sleep(b.reboot_after).await;
     }
     r
 }
@@ -204,7 +218,7 @@ pub fn client(local: Option<std::net::Ipv4Addr>) -> Result<reqwest::Client, Stri
 
 /// A booted node, as its agent knows itself.
 pub struct Booted {
-    server: String,
+    servers: Servers,
     token: String,
     boot: String,
     mac: Mac,
@@ -216,7 +230,7 @@ impl Booted {
     fn agent<'a>(&'a self, http: &'a reqwest::Client) -> Agent<'a> {
         Agent {
             http,
-            server: self.server.clone(),
+            servers: &self.servers,
             token: self.token.clone(),
             boot: self.boot.clone(),
             mac: self.mac,
@@ -278,9 +292,13 @@ pub(crate) async fn from_script(
                 )
             })
     };
+    let others: Vec<String> = arg("servers")
+        .map(|s| s.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    let servers = Servers::new(&arg("server")?, &others);
     let agent = Agent {
         http,
-        server: arg("server")?,
+        servers: &servers,
         token: arg("token")?,
         boot: arg("boot")?,
         mac: arg("mac")?
@@ -350,11 +368,12 @@ pub(crate) async fn from_script(
     r.phases.push((Phase::Validate, t.elapsed()));
     r.phases.push((Phase::Ready, power_on.elapsed()));
 
+    let (token, boot, mac) = (agent.token, agent.boot, agent.mac);
     Ok(Some(Booted {
-        server: agent.server,
-        token: agent.token,
-        boot: agent.boot,
-        mac: agent.mac,
+        servers,
+        token,
+        boot,
+        mac,
         args: plan.args,
         uuids,
     }))
@@ -635,7 +654,7 @@ pub async fn download_for_bench(
 
 struct Agent<'a> {
     http: &'a reqwest::Client,
-    server: String,
+    servers: &'a Servers,
     token: String,
     boot: String,
     mac: Mac,
@@ -650,9 +669,10 @@ impl Agent<'_> {
         body: &impl serde::Serialize,
         r: &mut NodeResult,
     ) -> Result<T, String> {
-        let url = format!("{}/api/v1/agent/{route}", self.server.trim_end_matches('/'));
         let mut wait = Duration::from_secs(1);
         for _ in 0..8 {
+            let server = self.servers.current().to_string();
+            let url = format!("{server}/api/v1/agent/{route}");
             let sent = self
                 .http
                 .post(&url)
@@ -671,17 +691,18 @@ impl Agent<'_> {
                 }
                 Ok(resp) => {
                     // As the agent: back-off with jitter, never sooner than Retry-After.
-                    let pause = bootfleet_agent::run::retry_wait(
-                        wait,
-                        retry_after(&resp),
-                        rand::random::<f64>(),
-                    );
+                    let asked = retry_after(&resp);
+                    let pause =
+                        bootfleet_agent::run::retry_wait(wait, asked, rand::random::<f64>());
+                    if asked.is_none() {
+                        self.servers.failed(&server);
+                    }
                     r.retry("agent retry", 1);
                     tokio::time::sleep(pause).await;
                     wait = (wait * 2).min(Duration::from_secs(30));
                     continue;
                 }
-                Err(_) => {}
+                Err(_) => self.servers.failed(&server),
             }
             r.retry("agent retry", 1);
             tokio::time::sleep(wait).await;

@@ -11,6 +11,7 @@ mod e2e;
 mod fabric;
 mod fake_node;
 mod fuzz;
+mod ha;
 mod harness;
 mod health;
 mod import;

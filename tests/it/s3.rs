@@ -16,6 +16,7 @@ pub struct S3 {
     /// Buckets are directories here, objects files.
     pub root: PathBuf,
     base: PathBuf,
+    host: String,
     port: u16,
     /// The server's pid (for a test that stops it).
     pid_file: PathBuf,
@@ -45,22 +46,28 @@ fn binary() -> PathBuf {
 
 /// Starts an s3s-fs of its own (it lives until `kill` or the test binary's end).
 pub fn start() -> S3 {
+    start_on("127.0.0.1")
+}
+
+/// One listening on `host` (an address servers in other namespaces reach).
+pub fn start_on(host: &str) -> S3 {
     let base = tempfile::Builder::new()
         .prefix("bootfleet-s3-")
         .tempdir()
         .unwrap()
         .keep();
     let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let l = std::net::TcpListener::bind((host, 0)).unwrap();
         l.local_addr().unwrap().port()
     };
     let data = base.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let s3 = S3 {
-        endpoint: format!("http://127.0.0.1:{port}"),
+        endpoint: format!("http://{host}:{port}"),
         root: data,
         pid_file: base.join("pid"),
         base,
+        host: host.to_string(),
         port,
     };
     s3.spawn();
@@ -76,11 +83,12 @@ impl S3 {
     /// its files, once this test binary is gone.
     fn spawn(&self) {
         let script = format!(
-            "{bin} --host 127.0.0.1 --port {port} --access-key {ACCESS_KEY} --secret-key {SECRET_KEY} \
+            "{bin} --host {host} --port {port} --access-key {ACCESS_KEY} --secret-key {SECRET_KEY} \
                {data} >>{base}/log 2>&1 & s=$!; echo $s >{pid}; \
              while [ -d /proc/{me} ]; do sleep 0.5; done; \
              kill $s 2>/dev/null; wait $s; rm -rf {base}",
             bin = binary().display(),
+            host = self.host,
             port = self.port,
             data = self.root.display(),
             base = self.base.display(),
@@ -91,7 +99,7 @@ impl S3 {
         crate::harness::run_detached(std::process::Command::new("sh"), &script, "s3s-fs");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !self.pid_file.exists()
-            || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
+            || std::net::TcpStream::connect((self.host.as_str(), self.port)).is_err()
         {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -1,5 +1,5 @@
 //! The boot's parameters on the kernel command line, as the boot script put them there:
-//! `bootfleet.server=`, `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`, and for
+//! `bootfleet.server=` (and the others, `bootfleet.servers=`), `bootfleet.boot=`, `bootfleet.token=`, `bootfleet.image=`, and for
 //! a two-stage boot the root's `bootfleet.rootfs=`, `bootfleet.rootfs_size=` and
 //! `bootfleet.verity=`.
 
@@ -8,6 +8,9 @@ use bootfleet_api::Digest;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BootParams {
     pub server: Option<String>,
+    /// Every server of the cluster (`bootfleet.servers=a,b,c`), for the agent to turn to
+    /// when its own does not answer.
+    pub servers: Vec<String>,
     pub boot: Option<String>,
     pub token: Option<String>,
     pub image: Option<Digest>,
@@ -31,6 +34,13 @@ pub fn parse(cmdline: &str) -> BootParams {
         };
         match key {
             "bootfleet.server" => p.server = Some(value.to_string()),
+            "bootfleet.servers" => {
+                p.servers = value
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            }
             "bootfleet.boot" => p.boot = Some(value.to_string()),
             "bootfleet.token" => p.token = Some(value.to_string()),
             "bootfleet.image" => p.image = value.parse().ok(),
@@ -57,6 +67,9 @@ mod tests {
             "initrd=initrd.img console=ttyS0 bootfleet.server=http://10.0.0.1:8080 bootfleet.boot=0123456789abcdef bootfleet.token=t0k bootfleet.image={d} bootfleet.mac=52-54-00-12-34-56 quiet\n"
         ));
         assert_eq!(p.server.as_deref(), Some("http://10.0.0.1:8080"));
+        assert!(p.servers.is_empty());
+        let cluster = parse("bootfleet.servers=http://a:1,http://b:2 x");
+        assert_eq!(cluster.servers, vec!["http://a:1", "http://b:2"]);
         assert_eq!(p.boot.as_deref(), Some("0123456789abcdef"));
         assert_eq!(p.token.as_deref(), Some("t0k"));
         assert_eq!(p.image, Some(d));

@@ -16,9 +16,52 @@ use serde_json::{Value, json};
 use super::facts::{SystemFacts, collect};
 use super::gpu::GpuSource;
 
+/// The servers an agent talks to: the one its boot script came from first, then the
+/// others (`bootfleet.servers=`, from `[cluster] servers`). Any of them answers any call
+/// of this boot (they share one state), so a call that finds one gone or failing is
+/// tried on the next: a node outlives the server that booted it.
+#[derive(Debug)]
+pub struct Servers {
+    all: Vec<String>,
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+impl Servers {
+    /// `first`, then `others` (each once, trailing `/` dropped).
+    pub fn new(first: &str, others: &[String]) -> Self {
+        let mut all = vec![first.trim_end_matches('/').to_string()];
+        for o in others {
+            let o = o.trim_end_matches('/');
+            if !o.is_empty() && !all.iter().any(|a| a == o) {
+                all.push(o.to_string());
+            }
+        }
+        Self {
+            all,
+            turn: 0.into(),
+        }
+    }
+
+    /// The server calls go to now.
+    pub fn current(&self) -> &str {
+        &self.all[self.turn.load(std::sync::atomic::Ordering::Relaxed) % self.all.len()]
+    }
+
+    /// `current` did not answer (or failed): the next call goes to the next server.
+    pub fn failed(&self, server: &str) {
+        if self.all.len() > 1 && self.current() == server {
+            let next = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            eprintln!(
+                "bootfleet-agent: turning to {}",
+                self.all[next % self.all.len()]
+            );
+        }
+    }
+}
+
 pub struct Agent {
     pub http: reqwest::Client,
-    pub server: String,
+    pub servers: Servers,
     pub boot: String,
     pub token: String,
     pub mac: Mac,
@@ -91,9 +134,10 @@ fn jitter() -> f64 {
 impl Agent {
     /// POSTs `body` to `route` until the server gives a definite answer.
     async fn post(&self, route: &str, body: &impl Serialize) -> (u16, Value) {
-        let url = format!("{}{route}", self.server.trim_end_matches('/'));
         let mut wait = FIRST_RETRY;
         loop {
+            let server = self.servers.current().to_string();
+            let url = format!("{server}{route}");
             let sent = self
                 .http
                 .post(&url)
@@ -117,11 +161,17 @@ impl Agent {
                         "bootfleet-agent: {route}: server answered {}; retrying in {pause:?}",
                         r.status()
                     );
+                    // A busy server (429, or 503 with its Retry-After) is waited for; a
+                    // failing one is left for the next.
+                    if asked.is_none() {
+                        self.servers.failed(&server);
+                    }
                     tokio::time::sleep(pause).await;
                 }
                 Err(e) => {
                     let pause = retry_wait(wait, None, jitter());
                     eprintln!("bootfleet-agent: {route}: {e}; retrying in {pause:?}");
+                    self.servers.failed(&server);
                     tokio::time::sleep(pause).await;
                 }
             }
@@ -154,13 +204,10 @@ impl Agent {
 
     /// This node's overlay (a tar the server renders for it), retried like every call.
     pub async fn overlay(&self) -> Result<Vec<u8>, String> {
-        let url = format!(
-            "{}/boot/overlay?boot={}",
-            self.server.trim_end_matches('/'),
-            self.boot
-        );
         let mut wait = FIRST_RETRY;
         for _ in 0..8 {
+            let server = self.servers.current().to_string();
+            let url = format!("{server}/boot/overlay?boot={}", self.boot);
             match self.http.get(&url).bearer_auth(&self.token).send().await {
                 Ok(r) if r.status().is_success() => {
                     let bytes = r.bytes().await.map_err(|e| e.to_string())?;
@@ -177,8 +224,14 @@ impl Agent {
                     let text = r.text().await.unwrap_or_default();
                     return Err(format!("refused ({status}): {text}"));
                 }
-                Ok(r) => eprintln!("bootfleet-agent: overlay: {}; retrying", r.status()),
-                Err(e) => eprintln!("bootfleet-agent: overlay: {e}; retrying"),
+                Ok(r) => {
+                    eprintln!("bootfleet-agent: overlay: {}; retrying", r.status());
+                    self.servers.failed(&server);
+                }
+                Err(e) => {
+                    eprintln!("bootfleet-agent: overlay: {e}; retrying");
+                    self.servers.failed(&server);
+                }
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(MAX_RETRY);
@@ -398,6 +451,25 @@ impl Agent {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_server_hands_the_next_call_to_the_next() {
+        let servers = Servers::new(
+            "http://a:8080/",
+            &["http://a:8080".into(), "http://b:8080".into(), "".into()],
+        );
+        assert_eq!(servers.current(), "http://a:8080");
+        servers.failed("http://a:8080");
+        assert_eq!(servers.current(), "http://b:8080");
+        // A late failure of the one already left does not skip the next.
+        servers.failed("http://a:8080");
+        assert_eq!(servers.current(), "http://b:8080");
+        servers.failed("http://b:8080");
+        assert_eq!(servers.current(), "http://a:8080", "round and round");
+        let alone = Servers::new("http://a:8080", &[]);
+        alone.failed("http://a:8080");
+        assert_eq!(alone.current(), "http://a:8080");
+    }
+
     use super::*;
 
     #[test]
