@@ -727,6 +727,7 @@ pub async fn start_dhcp(
         client_port: d.client_port.unwrap_or(crate::dhcp::server::CLIENT_PORT),
         requested: Default::default(),
         slices,
+        first_sightings: Default::default(),
     });
     // New boots are checked against what DHCP saw of the MAC on the wire.
     let book: std::sync::Arc<dyn crate::dhcp::directory::AddressBook> = dhcp.clone();

@@ -6,6 +6,7 @@
 //! On the boot segment's IPv6 side, `ra` (pure) and `ra_server` answer router
 //! solicitations so that iPXE stops waiting for an IPv6 router.
 
+pub mod balance;
 pub mod chain;
 pub mod classify;
 pub mod decide;

@@ -49,6 +49,8 @@ pub struct DhcpServer {
     pub requested: Mutex<super::requested::Requested>,
     /// Authoritative mode: which slice of every pool this server gives out.
     pub slices: Slices,
+    /// Other slices' clients' DISCOVERs seen once (`balance`).
+    pub first_sightings: Mutex<super::balance::FirstSightings>,
 }
 
 /// `[dhcp] slices`: the pools cut into `of` slices, of which this server holds one at a
@@ -161,10 +163,26 @@ impl DhcpServer {
                 return None;
             }
         };
-        if pool.is_some() && self.slices.held().is_none() {
-            // A standby: the servers holding the slices answer.
-            self.metrics.count("ignored.no_slice_held");
-            return None;
+        if pool.is_some() {
+            let Some(held) = self.slices.held() else {
+                // A standby: the servers holding the slices answer.
+                self.metrics.count("ignored.no_slice_held");
+                return None;
+            };
+            const DISCOVER: u8 = 1;
+            if self.slices.of > 1
+                && req.message_type() == DISCOVER
+                && super::balance::owner(&req.chaddr, self.slices.of) != held
+                && !self
+                    .first_sightings
+                    .lock()
+                    .expect("not poisoned")
+                    .seen_again(req.chaddr, req.xid, crate::clock::now_ms())
+            {
+                // Another slice's client: its server answers first.
+                self.metrics.count("ignored.another_slices_client");
+                return None;
+            }
         }
         let relayed;
         let settings = match pool {

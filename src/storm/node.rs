@@ -159,7 +159,7 @@ async fn run(
     }
 }
 
-/// The PXE ROM and iPXE's DHCP: the script URL, and the address leased.
+/// The PXE ROM and iPXE's DHCP: the script URL, and the address iPXE leased.
 async fn pxe(
     segment: &Segment,
     b: &Behaviour,
@@ -168,7 +168,7 @@ async fn pxe(
 ) -> Result<(String, std::net::Ipv4Addr), Failed> {
     // The PXE ROM: DHCP, then the boot file over TFTP; a failed TFTP restarts PXE.
     let mut attempt = 0;
-    let leased = loop {
+    loop {
         attempt += 1;
         let bound = dhcp(segment, mac, Asker::Pxe, Phase::DhcpPxe, r).await?;
         let file = bound
@@ -185,7 +185,7 @@ async fn pxe(
             Ok(f) => {
                 r.phases.push((Phase::Tftp, t.elapsed()));
                 r.retry("tftp timeout", f.timeouts);
-                break bound.ip;
+                break;
             }
             Err(e) if attempt < b.pxe_attempts => {
                 r.retry("pxe restart after tftp failure", 1);
@@ -194,15 +194,16 @@ async fn pxe(
             }
             Err(e) => return Err(Failed(Phase::Tftp, e.to_string())),
         }
-    };
+    }
 
-    // iPXE: DHCP again, now as iPXE, for the script URL.
+    // iPXE: DHCP again, now as iPXE, for the script URL. Its address is the one iPXE
+    // talks HTTP from: with several servers it may come from another than the ROM's.
     let bound = dhcp(segment, mac, Asker::Ipxe, Phase::DhcpIpxe, r).await?;
     let url = bound
         .file
         .filter(|f| f.starts_with("http://"))
         .ok_or_else(|| Failed(Phase::DhcpIpxe, "no script URL for iPXE".into()))?;
-    Ok((url, leased))
+    Ok((url, bound.ip))
 }
 
 /// A node's HTTP client, sending from `local` when given.

@@ -871,7 +871,7 @@ async fn router_solicitations_are_answered_with_no_router_here() {
 }
 
 /// Which half of the lab's pool (.100-.250 cut into 2 slices: .100-.174, .175-.250).
-fn half(ip: Ipv4Addr) -> u8 {
+fn half(ip: Ipv4Addr) -> u32 {
     if ip.octets()[3] <= 174 { 0 } else { 1 }
 }
 
@@ -902,28 +902,33 @@ async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_sli
     })
     .await;
     let sock = client_socket(&client);
-    let discover = |mac: [u8; 6], xid: u32| {
-        let packet = request(mac, xid, v4::MessageType::Discover, vec![]);
-        tokio::task::block_in_place(|| exchange(&sock, &packet, xid, Duration::from_millis(600)))
+    let send = |packet: &[u8], xid: u32| {
+        tokio::task::block_in_place(|| exchange(&sock, packet, xid, Duration::from_millis(600)))
     };
+    let discover =
+        |mac: [u8; 6], xid: u32| send(&request(mac, xid, v4::MessageType::Discover, vec![]), xid);
     let mac = |i: u8| [0x52, 0x54, 0, 0x7a, n as u8, i];
+    let owner = |m: [u8; 6]| bootfleet::dhcp::balance::owner(&m, 2);
+    // Clients of each slice (the MAC picks the slice whose server answers first).
+    let of_slice = |k: u32| (0..=255u8).map(mac).filter(move |m| owner(*m) == k);
+    let clients: Vec<[u8; 6]> = of_slice(0).take(3).chain(of_slice(1).take(3)).collect();
 
-    // The first two servers hold the two slices; the third holds none and stays silent.
+    // The first two servers take the two slices; the third holds none and is silent.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut offers = discover(mac(0), 0x5000);
-    while offers.len() < 2 && Instant::now() < deadline {
-        offers = discover(mac(0), 0x5000);
-    }
+    let mut xid = 0x5000;
     let mut by_server = std::collections::HashMap::new();
-    for o in &offers {
-        by_server.insert(server_id(o).unwrap(), half(o.yiaddr()));
+    while by_server.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the slices were not taken: {by_server:?}"
+        );
+        for m in [clients[0], clients[3]] {
+            xid += 1;
+            for o in discover(m, xid) {
+                by_server.insert(server_id(&o).unwrap(), half(o.yiaddr()));
+            }
+        }
     }
-    assert_eq!(
-        offers.len(),
-        2,
-        "one offer from each slice holder: {offers:?}"
-    );
-    assert_eq!(by_server.len(), 2, "{by_server:?}");
     assert!(!by_server.contains_key(&lab.ip(3)), "the standby is silent");
     assert_ne!(
         by_server[&lab.ip(1)],
@@ -931,33 +936,31 @@ async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_sli
         "disjoint slices"
     );
 
-    // Clients take one server's offer or the other's: each gets its own address.
+    // Each client is answered by its slice's server alone, and gets its own address.
     let mut bound = Vec::new();
-    for i in 0..6u8 {
-        let xid = 0x5100 + u32::from(i) * 2;
-        let offers = discover(mac(i), xid);
-        assert_eq!(offers.len(), 2, "client {i}: {offers:?}");
-        for o in &offers {
-            let id = server_id(o).unwrap();
-            assert_eq!(
-                half(o.yiaddr()),
-                by_server[&id],
-                "{id} offers only its slice"
-            );
-        }
-        let chosen = &offers[usize::from(i) % 2];
+    for (i, m) in clients.iter().enumerate() {
+        xid += 2;
+        let offers = discover(*m, xid);
+        assert_eq!(
+            offers.len(),
+            1,
+            "client {i}: one offer, from its slice's server"
+        );
+        let offer = &offers[0];
+        assert_eq!(half(offer.yiaddr()), owner(*m), "client {i}");
+        let id = server_id(offer).unwrap();
         let opts = vec![
-            v4::DhcpOption::ServerIdentifier(server_id(chosen).unwrap()),
-            v4::DhcpOption::RequestedIpAddress(chosen.yiaddr()),
+            v4::DhcpOption::ServerIdentifier(id),
+            v4::DhcpOption::RequestedIpAddress(offer.yiaddr()),
         ];
-        let req = request(mac(i), xid + 1, v4::MessageType::Request, opts);
-        let acks = tokio::task::block_in_place(|| {
-            exchange(&sock, &req, xid + 1, Duration::from_millis(600))
-        });
+        let acks = send(
+            &request(*m, xid + 1, v4::MessageType::Request, opts),
+            xid + 1,
+        );
         assert_eq!(acks.len(), 1, "client {i}: {acks:?}");
         assert_eq!(acks[0].opts().msg_type(), Some(v4::MessageType::Ack));
-        assert_eq!(acks[0].yiaddr(), chosen.yiaddr());
-        bound.push((mac(i), chosen.yiaddr(), server_id(chosen).unwrap()));
+        assert_eq!(acks[0].yiaddr(), offer.yiaddr());
+        bound.push((*m, offer.yiaddr(), id));
     }
     let distinct: std::collections::HashSet<_> = bound.iter().map(|b| b.1).collect();
     assert_eq!(
@@ -966,17 +969,31 @@ async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_sli
         "no address given twice: {bound:?}"
     );
 
+    // A DISCOVER sent again (its server silent, as when it is down) is answered by the
+    // other slice's server too, from its own slice.
+    xid += 2;
+    let m = mac(200);
+    let packet = request(m, xid, v4::MessageType::Discover, vec![]);
+    assert_eq!(send(&packet, xid).len(), 1);
+    let again = send(&packet, xid);
+    let halves: std::collections::HashSet<u32> = again.iter().map(|o| half(o.yiaddr())).collect();
+    assert_eq!(
+        halves.len(),
+        2,
+        "both slices offer a retransmitted DISCOVER: {again:?}"
+    );
+
     // A client asking again for its address (INIT-REBOOT: no server named) hears its
     // own server's ACK and no NAK from the other.
     let (m, ip, id) = bound[0];
+    xid += 1;
     let req = request(
         m,
-        0x5200,
+        xid,
         v4::MessageType::Request,
         vec![v4::DhcpOption::RequestedIpAddress(ip)],
     );
-    let replies =
-        tokio::task::block_in_place(|| exchange(&sock, &req, 0x5200, Duration::from_millis(600)));
+    let replies = send(&req, xid);
     assert_eq!(replies.len(), 1, "{replies:?}");
     assert_eq!(replies[0].opts().msg_type(), Some(v4::MessageType::Ack));
     assert_eq!(server_id(&replies[0]), Some(id));
@@ -988,7 +1005,8 @@ async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_sli
     let (m, ip, _) = *bound.iter().find(|b| b.2 == lab.ip(1)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let taken_over = loop {
-        let offers = discover(m, 0x5300);
+        xid += 1;
+        let offers = discover(m, xid);
         if let Some(o) = offers.iter().find(|o| server_id(o) == Some(lab.ip(3))) {
             break o.clone();
         }
