@@ -728,6 +728,7 @@ pub async fn start_dhcp(
         requested: Default::default(),
         slices,
         first_sightings: Default::default(),
+        saving: Default::default(),
     });
     // New boots are checked against what DHCP saw of the MAC on the wire.
     let book: std::sync::Arc<dyn crate::dhcp::directory::AddressBook> = dhcp.clone();
@@ -798,24 +799,32 @@ fn hold_a_slice(
     );
     let journal = StoreLeases(server.store.clone());
     async move {
+        let retry = || async {
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_secs(1)) => true,
+                () = shutdown.cancelled() => false,
+            }
+        };
         loop {
             let index = (*held.borrow_and_update()).map(|k| k as u32);
-            // What the slice given up bound is saved before another is cut.
-            dhcp.save_changes().await;
-            loop {
-                let taken = match index {
-                    None => dhcp.take_slice(None, &[]),
-                    Some(_) => match journal.load().await {
-                        Ok(saved) => dhcp.take_slice(index, &saved),
-                        Err(e) => Err(e),
-                    },
+            // Silent first: the slice held until now may be another server's already.
+            dhcp.take_slice(None, &[]).expect("giving up cannot fail");
+            // What it bound is saved before anything is cut from the store's leases:
+            // a binding not saved would be given out again.
+            while !dhcp.save_changes().await {
+                if !retry().await {
+                    return;
+                }
+            }
+            while index.is_some() {
+                let taken = match journal.load().await {
+                    Ok(saved) => dhcp.take_slice(index, &saved),
+                    Err(e) => Err(e),
                 };
                 let Err(e) = taken else { break };
                 tracing::warn!(error = %e, "cannot take up the DHCP slice held; silent until it can");
-                dhcp.take_slice(None, &[]).expect("giving up cannot fail");
-                tokio::select! {
-                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                    () = shutdown.cancelled() => return,
+                if !retry().await {
+                    return;
                 }
             }
             if held.changed().await.is_err() {

@@ -51,6 +51,9 @@ pub struct DhcpServer {
     pub slices: Slices,
     /// Other slices' clients' DISCOVERs seen once (`balance`).
     pub first_sightings: Mutex<super::balance::FirstSightings>,
+    /// One lease save at a time (the periodic one and a slice change's): two batches of
+    /// one MAC committed out of order would leave the older row.
+    pub saving: tokio::sync::Mutex<()>,
 }
 
 /// `[dhcp] slices`: the pools cut into `of` slices, of which this server holds one at a
@@ -317,9 +320,11 @@ impl DhcpServer {
         }
     }
 
-    /// Saves the leases changed since the last save (a failed save is retried by the
-    /// next).
-    pub async fn save_changes(&self) {
+    /// Saves the leases changed since the last save; false when a save failed (its
+    /// changes are kept for the next).
+    pub async fn save_changes(&self) -> bool {
+        let _one = self.saving.lock().await;
+        let mut saved = true;
         for pool in &self.pools {
             let (keep, gone) = pool.leases.lock().expect("not poisoned").take_changes();
             if let Err(e) = self.journal.save(&keep, &gone).await {
@@ -328,8 +333,10 @@ impl DhcpServer {
                     .lock()
                     .expect("not poisoned")
                     .requeue(&keep, &gone);
+                saved = false;
             }
         }
+        saved
     }
 
     /// Gives out `index`'s slice of every pool from now on, with the leases `saved` in

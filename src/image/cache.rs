@@ -178,27 +178,43 @@ impl SharedBlobs {
 
     /// Removes the objects of `listed` that are not in `keep` and are older than the
     /// grace; returns them with their bytes. The caller reads `keep` after listing, so a
-    /// blob published meanwhile is kept.
+    /// blob published meanwhile is kept; each candidate's age is asked again just before
+    /// its removal, so one another server's publish uploaded again since the listing is
+    /// kept too. An object of unknown age is kept; one that cannot be removed is logged
+    /// and left for the next run.
     pub async fn collect_objects(
         &self,
         listed: Vec<super::objects::ObjectEntry>,
         keep: &std::collections::HashSet<Digest>,
-    ) -> Result<(Vec<Digest>, u64), ObjectError> {
-        let now = super::objects::now_secs();
+    ) -> (Vec<Digest>, u64) {
         let grace = self.objects.gc_grace();
+        let old = |modified: i64| {
+            modified > 0 && super::objects::older_than(modified, super::objects::now_secs(), grace)
+        };
         let mut removed = Vec::new();
         let mut bytes = 0;
         for entry in listed {
-            if keep.contains(&entry.digest)
-                || !super::objects::older_than(entry.modified_secs, now, grace)
-            {
+            if keep.contains(&entry.digest) || !old(entry.modified_secs) {
                 continue;
             }
-            self.objects.delete(&entry.digest).await?;
-            removed.push(entry.digest);
-            bytes += entry.size;
+            let d = entry.digest;
+            let outcome = match self.objects.modified(&d).await {
+                Ok(Some(m)) if old(m) => self.objects.delete(&d).await.map(|()| true),
+                Ok(_) => Ok(false),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(true) => {
+                    removed.push(d);
+                    bytes += entry.size;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(digest = %d, error = %e, "cannot remove an object no image needs; left for the next gc")
+                }
+            }
         }
-        Ok((removed, bytes))
+        (removed, bytes)
     }
 
     /// Uploads local blobs the object store does not hold yet (a publish, before its row).

@@ -24,6 +24,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// S3's smallest part (all but the last) and its most parts in one upload.
 const MIN_PART_BYTES: u64 = 5 << 20;
 const MAX_PARTS: u64 = 10_000;
+/// S3's largest part, and its largest single PUT.
+const MAX_PART_BYTES: u64 = 5 << 30;
 const DEFAULT_PART_BYTES: u64 = 64 << 20;
 const DEFAULT_GC_GRACE_SECS: u64 = 86_400;
 
@@ -153,9 +155,9 @@ impl Objects {
             _ => return Err(config("endpoint must be https:// or http://")),
         };
         let part_bytes = cfg.part_bytes.unwrap_or(DEFAULT_PART_BYTES);
-        if part_bytes < MIN_PART_BYTES {
+        if !(MIN_PART_BYTES..=MAX_PART_BYTES).contains(&part_bytes) {
             return Err(config(
-                "part_bytes must be at least 5 MiB (5242880), S3's least",
+                "part_bytes must be from 5 MiB (5242880) to 5 GiB (5368709120), S3's bounds",
             ));
         }
         let region = cfg.region.clone().unwrap_or_else(|| "us-east-1".into());
@@ -290,8 +292,10 @@ impl Objects {
             .map_err(unreachable)
     }
 
-    /// A multipart upload: parts in order, then the completion; any failure aborts the
-    /// upload (best effort), so the store keeps no orphaned parts it would bill for.
+    /// A multipart upload: parts in order, then the completion; a failure aborts the
+    /// upload (best effort). A publish cancelled mid-upload (its client went away) leaves
+    /// its parts: give the bucket a lifecycle rule that aborts incomplete multipart
+    /// uploads (AbortIncompleteMultipartUpload, a day).
     async fn put_parts(
         &self,
         digest: &Digest,
@@ -314,9 +318,7 @@ impl Objects {
         let created = rusty_s3::actions::CreateMultipartUpload::parse_response(&text)
             .map_err(|e| ObjectError::Refused(format!("CreateMultipartUpload answer: {e}")))?;
         let upload_id = created.upload_id();
-        let result = self
-            .upload_parts(digest, key, upload_id, path, len, parts)
-            .await;
+        let result = self.upload_parts(key, upload_id, path, len, parts).await;
         if result.is_err() {
             let abort = self
                 .bucket
@@ -331,7 +333,6 @@ impl Objects {
 
     async fn upload_parts(
         &self,
-        digest: &Digest,
         key: &str,
         upload_id: &str,
         path: &Path,
@@ -371,11 +372,7 @@ impl Objects {
             .send()
             .await
             .map_err(unreachable)?;
-        let text = check(r, Some(digest))
-            .await?
-            .text()
-            .await
-            .map_err(unreachable)?;
+        let text = check(r, None).await?.text().await.map_err(unreachable)?;
         // S3 may answer 200 and still have failed: the error is then in the body.
         if text.contains("<Error>") {
             return Err(ObjectError::Refused(format!(

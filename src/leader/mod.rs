@@ -91,11 +91,18 @@ pub fn hold_one(
 ) -> watch::Receiver<Option<usize>> {
     let (held_tx, rx) = watch::channel(None);
     tasks.spawn(crate::store::own_task(async move {
-        let ttl = TTL.as_millis() as i64;
+        let publish = |held: Option<usize>| {
+            held_tx.send_if_modified(|was| {
+                if *was != held {
+                    tracing::info!(role = held.map(|k| roles[k].as_str()), "role changed hands");
+                }
+                std::mem::replace(was, held) != held
+            });
+        };
         let mut held: Option<usize> = None;
         loop {
             if let Some(k) = held {
-                match store.lead(&roles[k], &holder, now_ms(), ttl).await {
+                match lead_within(&store, &roles[k], &holder).await {
                     Ok(true) => {}
                     Ok(false) => held = None,
                     Err(e) => {
@@ -103,21 +110,18 @@ pub fn hold_one(
                         held = None;
                     }
                 }
+                // Stepped down before trying the others: each try may take a while.
+                publish(held);
             }
             if held.is_none() {
                 for (k, role) in roles.iter().enumerate() {
-                    if let Ok(true) = store.lead(role, &holder, now_ms(), ttl).await {
+                    if let Ok(true) = lead_within(&store, role, &holder).await {
                         held = Some(k);
                         break;
                     }
                 }
             }
-            held_tx.send_if_modified(|was| {
-                if *was != held {
-                    tracing::info!(role = held.map(|k| roles[k].as_str()), "role changed hands");
-                }
-                std::mem::replace(was, held) != held
-            });
+            publish(held);
             tokio::select! {
                 () = tokio::time::sleep(RENEW) => {}
                 () = stop.cancelled() => break,
@@ -131,6 +135,23 @@ pub fn hold_one(
         }
     }));
     rx
+}
+
+/// Takes or renews `role` for `holder`, in at most `RENEW`: a renewal stuck behind a
+/// busy store must end, and its holder step down, well before the lease lapses for the
+/// others.
+async fn lead_within(
+    store: &Store,
+    role: &str,
+    holder: &str,
+) -> Result<bool, crate::store::StoreError> {
+    let call = store.lead(role, holder, now_ms(), TTL.as_millis() as i64);
+    match tokio::time::timeout(RENEW, call).await {
+        Ok(result) => result,
+        Err(_) => Err(crate::store::StoreError::Unavailable(
+            sqlx::Error::PoolTimedOut,
+        )),
+    }
 }
 
 /// Waits until `leading` reads true; false if `stop` came first.

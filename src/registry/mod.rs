@@ -477,7 +477,7 @@ impl Registry {
         };
         let keep = self.store.referenced_blobs().await?;
         let (objects_removed, object_bytes_freed) = match (&self.shared, listed) {
-            (Some(shared), Some(listed)) => shared.collect_objects(listed, &keep).await?,
+            (Some(shared), Some(listed)) => shared.collect_objects(listed, &keep).await,
             _ => (Vec::new(), 0),
         };
         let blobs = self.blobs.clone();

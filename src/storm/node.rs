@@ -695,7 +695,7 @@ impl Agent<'_> {
                     let asked = retry_after(&resp);
                     let pause =
                         bootfleet_agent::run::retry_wait(wait, asked, rand::random::<f64>());
-                    if asked.is_none() {
+                    if resp.status().is_server_error() {
                         self.servers.failed(&server);
                     }
                     r.retry("agent retry", 1);

@@ -91,6 +91,16 @@ impl TftpServer {
         }
     }
 
+    /// Opens a checked name: a stat, and a first read of a small file, on the blocking
+    /// pool, since a slow disk must not stall every other transfer.
+    async fn open(&self, name: &str) -> std::io::Result<Opened> {
+        let files = self.files.clone();
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || files.open(&name))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
     /// Asks `fill` to make each blob present before it is opened (a cache of an object
     /// store).
     pub fn with_fill(mut self, fill: Arc<dyn BlobFill>) -> Self {
@@ -299,13 +309,16 @@ impl TftpServer {
                 content: Content::Memory(bytes),
             })
         } else {
-            // A stat, and a first read of a small file: on the blocking pool, since a
-            // slow disk must not stall every other transfer.
-            let files = self.files.clone();
-            let name = name.clone();
-            tokio::task::spawn_blocking(move || files.open(&name))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            let mut opened = self.open(&name).await;
+            // Evicted from the cache by another fill between this one and the open: fill
+            // again (firmware takes "file not found" as final).
+            if matches!(&opened, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+                && let (Some(fill), Some(digest)) = (&self.fill, blob_digest(&name))
+                && fill.fill(&digest).await.is_ok()
+            {
+                opened = self.open(&name).await;
+            }
+            opened
         };
         let Opened { content, len } = match opened {
             Ok(o) => o,

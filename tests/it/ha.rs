@@ -1,9 +1,11 @@
-//! Several servers as an operator runs them: three `bootfleet serve` processes, each in a
+//! Several servers as an operator runs them: four `bootfleet serve` processes, each in a
 //! network namespace of its own on one boot segment (a bridge the test builds), sharing
 //! PostgreSQL (its Unix socket) and an S3 object store (s3s-fs on the bridge), DHCP
-//! authoritative with the pool cut in three slices, `[cluster] servers` naming all three.
-//! A storm of simulated nodes boots while one server is killed with SIGKILL halfway: every
-//! node still ends ready, each once, and the event log has no gap.
+//! authoritative with the pool cut in three slices (the fourth server a standby),
+//! `[cluster] servers` naming all. A storm of simulated nodes boots while a slice's
+//! server is killed with SIGKILL a third of the way: every node still ends ready, each
+//! once, the standby takes the slice over, no address is leased twice, and the event log
+//! has no gap.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -141,7 +143,7 @@ async fn all_events(http: &reqwest::Client, url: &str, token: &str) -> Vec<serde
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_storm_across_three_servers_survives_one_killed() {
+async fn a_storm_across_servers_survives_one_killed_and_a_standby_takes_its_slice() {
     assert!(
         Path::new("/usr/lib/ipxe/undionly.kpxe").exists(),
         "undionly.kpxe is missing: apt-get install ipxe"
@@ -149,12 +151,12 @@ async fn a_storm_across_three_servers_survives_one_killed() {
     let mut lab = Lab::new();
     let storm_ns = lab.host("storm", Some(2));
     // Lab names each veth by its role's first letter: one letter a server.
-    let namespaces: Vec<String> = ["xsrv", "ysrv", "zsrv"]
+    let namespaces: Vec<String> = ["xsrv", "ysrv", "zsrv", "wsrv"]
         .iter()
         .zip(11..)
         .map(|(role, host)| lab.host(role, Some(host)))
         .collect();
-    let ips: Vec<Ipv4Addr> = (0..3).map(|i| lab.ip(11 + i)).collect();
+    let ips: Vec<Ipv4Addr> = (0..4).map(|i| lab.ip(11 + i)).collect();
     let peers: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:8080")).collect();
 
     let db = crate::pg::database().await;
@@ -174,6 +176,7 @@ async fn a_storm_across_three_servers_survives_one_killed() {
             .unwrap(),
         peers: &peers,
     };
+    // Started in turn, so the first three take the three slices and the last stands by.
     let mut members: Vec<Option<Member>> = Vec::new();
     for (i, (ns, ip)) in namespaces.iter().zip(&ips).enumerate() {
         let home = dir.path().join(format!("s{i}"));
@@ -215,7 +218,8 @@ async fn a_storm_across_three_servers_survives_one_killed() {
         segment,
     ));
 
-    // Halfway (a third of the nodes ready), the second server dies without a word.
+    // A third of the way (a third of the nodes ready), the second server dies without a
+    // word, its slice held.
     let http = bootfleet::http_client::builder().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     let ready_at_kill = loop {
@@ -245,6 +249,7 @@ async fn a_storm_across_three_servers_survives_one_killed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let mut killed = members[1].take().unwrap();
+    let killed_pid = killed.child.id();
     let ok = Command::new("kill")
         .args(["-9", &killed.child.id().to_string()])
         .status()
@@ -269,6 +274,13 @@ async fn a_storm_across_three_servers_survives_one_killed() {
     );
     assert_eq!(report.completed, nodes as usize, "{report}");
     assert!(report.failures.is_empty(), "{report}");
+    // Boots cut short by the kill start over; not every node's.
+    let reboots = report
+        .retries
+        .get("reboot after a failed boot")
+        .copied()
+        .unwrap_or(0);
+    assert!(reboots <= u64::from(nodes) / 3, "{report}");
 
     // Every node ready, each once, as both survivors read the shared state.
     for url in [&peers[0], &peers[2]] {
@@ -288,6 +300,39 @@ async fn a_storm_across_three_servers_survives_one_killed() {
         let not_ready: Vec<_> = list.iter().filter(|n| n["state"] != "ready").collect();
         assert!(not_ready.is_empty(), "{not_ready:?}\n{}", logs());
     }
+    // The standby took the dead server's slice (its lease lapsed), and no address is
+    // leased to two clients.
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    let standby = format!(":{}:", members[3].as_ref().unwrap().child.id());
+    let dead = format!(":{killed_pid}:");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let holders: Vec<(String, String)> =
+            sqlx::query_as("SELECT role, holder FROM leaders WHERE role LIKE 'dhcp-slice/%'")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        if holders.iter().any(|(_, h)| h.contains(&standby)) {
+            assert!(
+                !holders.iter().any(|(_, h)| h.contains(&dead)),
+                "{holders:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not take the slice over: {holders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let twice: Vec<(String, i64)> =
+        sqlx::query_as("SELECT ip, COUNT(*) FROM dhcp_leases GROUP BY ip HAVING COUNT(*) > 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(twice.is_empty(), "addresses leased twice: {twice:?}");
+    pool.close().await;
+
     // One event order with no gap, whichever server wrote each event.
     let events = all_events(&http, &peers[2], token).await;
     assert!(events.len() > nodes as usize * 3, "{} events", events.len());

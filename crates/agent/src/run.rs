@@ -47,13 +47,21 @@ impl Servers {
         &self.all[self.turn.load(std::sync::atomic::Ordering::Relaxed) % self.all.len()]
     }
 
-    /// `current` did not answer (or failed): the next call goes to the next server.
+    /// `server` did not answer (or failed): the next call goes to the next server.
+    /// Calls failing together on one server move on once, not once each.
     pub fn failed(&self, server: &str) {
-        if self.all.len() > 1 && self.current() == server {
-            let next = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        use std::sync::atomic::Ordering::Relaxed;
+        let turn = self.turn.load(Relaxed);
+        if self.all.len() > 1
+            && self.all[turn % self.all.len()] == server
+            && self
+                .turn
+                .compare_exchange(turn, turn + 1, Relaxed, Relaxed)
+                .is_ok()
+        {
             eprintln!(
                 "bootfleet-agent: turning to {}",
-                self.all[next % self.all.len()]
+                self.all[(turn + 1) % self.all.len()]
             );
         }
     }
@@ -161,9 +169,9 @@ impl Agent {
                         "bootfleet-agent: {route}: server answered {}; retrying in {pause:?}",
                         r.status()
                     );
-                    // A busy server (429, or 503 with its Retry-After) is waited for; a
-                    // failing one is left for the next.
-                    if asked.is_none() {
+                    // A failing server (5xx: its store gone, its queue full) is left for
+                    // the next, which shares its state; a 429 is this node's own pace.
+                    if r.status().is_server_error() {
                         self.servers.failed(&server);
                     }
                     tokio::time::sleep(pause).await;

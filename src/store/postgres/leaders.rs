@@ -23,7 +23,7 @@ impl LeaderStore for PgStore {
         .bind(holder)
         .bind(now_ms + ttl_ms)
         .bind(now_ms)
-        .execute(&self.pool)
+        .execute(&self.control_pool)
         .await?
         .rows_affected();
         Ok(n == 1)
@@ -32,7 +32,7 @@ impl LeaderStore for PgStore {
         sqlx::query("DELETE FROM leaders WHERE role = $1 AND holder = $2")
             .bind(role)
             .bind(holder)
-            .execute(&self.pool)
+            .execute(&self.control_pool)
             .await?;
         Ok(())
     }

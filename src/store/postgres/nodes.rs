@@ -174,9 +174,9 @@ impl NodeStore for PgStore {
         node_on(&self.pool, mac).await
     }
     /// Read through, not cached: another server may have written the node, and a
-    /// primary-key read on PostgreSQL does not wait for writers.
+    /// primary-key read on PostgreSQL does not wait for writers. On DHCP's own pool.
     async fn node_for_dhcp(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
-        node_on(&self.pool, mac).await
+        node_on(&self.control_pool, mac).await
     }
     /// Nothing to warm (see `node_for_dhcp`): counts the nodes.
     async fn warm_node_cache(&self) -> Result<usize, StoreError> {
