@@ -119,20 +119,29 @@ fn spawn(ns: &str, dir: &Path, config: &str, url: &str) -> Member {
     member
 }
 
+/// An admin GET's JSON answer.
+async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> serde_json::Value {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Every event, oldest first, read page by page from `url`.
 async fn all_events(http: &reqwest::Client, url: &str, token: &str) -> Vec<serde_json::Value> {
     let mut events = Vec::new();
     let mut since = 0;
     loop {
-        let page: serde_json::Value = http
-            .get(format!("{url}/api/v1/events?since={since}&limit=1000"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = get_json(
+            http,
+            &format!("{url}/api/v1/events?since={since}&limit=1000"),
+            token,
+        )
+        .await;
         let page = page["events"].as_array().unwrap();
         let Some(last) = page.last() else {
             return events;
@@ -223,15 +232,7 @@ async fn a_storm_across_servers_survives_one_killed_and_a_standby_takes_its_slic
     let http = bootfleet::http_client::builder().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
     let ready_at_kill = loop {
-        let fleet: serde_json::Value = http
-            .get(format!("{}/api/v1/fleet", peers[0]))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let fleet = get_json(&http, &format!("{}/api/v1/fleet", peers[0]), token).await;
         let ready = fleet["by_state"]
             .as_array()
             .unwrap()
@@ -284,15 +285,8 @@ async fn a_storm_across_servers_survives_one_killed_and_a_standby_takes_its_slic
 
     // Every node ready, each once, as both survivors read the shared state.
     for url in [&peers[0], &peers[2]] {
-        let list: Vec<serde_json::Value> = http
-            .get(format!("{url}/api/v1/nodes"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let list = get_json(&http, &format!("{url}/api/v1/nodes"), token).await;
+        let list = list.as_array().unwrap();
         let macs: std::collections::HashSet<&str> =
             list.iter().map(|n| n["mac"].as_str().unwrap()).collect();
         assert_eq!(list.len(), nodes as usize, "one row per node");

@@ -189,18 +189,33 @@ async fn the_object_store_going_away_costs_only_what_no_cache_holds() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cache_stays_under_its_bound() {
+/// Each cached kernel's size; the cache holds two and a half of them.
+const CACHED: usize = 256 << 10;
+
+/// A server whose cache holds 2.5 kernels, with `n` images published through it (their
+/// kernels' digests) and its cache emptied.
+async fn server_with_a_small_cache(
+    n: u64,
+    seed: u64,
+) -> (
+    TestServer,
+    Vec<String>,
+    bootfleet::image::objects::ObjectsConfig,
+    tempfile::TempDir,
+) {
     let s3 = crate::s3::shared();
     let creds = tempfile::tempdir().unwrap();
     let mut blobs = s3.config(creds.path());
-    const SIZE: usize = 256 << 10;
-    blobs.cache_max_bytes = Some((SIZE * 2 + SIZE / 2) as u64);
+    blobs.cache_max_bytes = Some((CACHED * 2 + CACHED / 2) as u64);
     let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
     let mut digests = Vec::new();
-    for i in 0..4u64 {
+    for i in 0..n {
         let (status, _) = server
-            .publish(good_bundle("demo", &i.to_string(), &noise(SIZE, 20 + i)))
+            .publish(good_bundle(
+                "demo",
+                &i.to_string(),
+                &noise(CACHED, seed + i),
+            ))
             .await;
         assert_eq!(status, 201);
         digests.push(kernel_digest(&server, &format!("demo:{i}")).await);
@@ -208,6 +223,12 @@ async fn the_cache_stays_under_its_bound() {
     for name in server.blob_dir_entries() {
         std::fs::remove_file(server.blob_dir().join(name)).unwrap();
     }
+    (server, digests, blobs, creds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_stays_under_its_bound() {
+    let (server, digests, blobs, _creds) = server_with_a_small_cache(4, 20).await;
     for d in &digests {
         assert_eq!(get_blob(&server, d).await.status(), 200);
         // Distinct fill times for the eviction order (mtime).
@@ -241,23 +262,7 @@ fn age(server: &TestServer, digest: &str, secs: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_evicts_the_least_recently_served() {
-    let s3 = crate::s3::shared();
-    let creds = tempfile::tempdir().unwrap();
-    let mut blobs = s3.config(creds.path());
-    const SIZE: usize = 256 << 10;
-    blobs.cache_max_bytes = Some((SIZE * 2 + SIZE / 2) as u64);
-    let server = TestServer::start_configured(|cfg| cfg.blobs = blobs.clone()).await;
-    let mut digests = Vec::new();
-    for i in 0..3u64 {
-        let (status, _) = server
-            .publish(good_bundle("demo", &i.to_string(), &noise(SIZE, 40 + i)))
-            .await;
-        assert_eq!(status, 201);
-        digests.push(kernel_digest(&server, &format!("demo:{i}")).await);
-    }
-    for name in server.blob_dir_entries() {
-        std::fs::remove_file(server.blob_dir().join(name)).unwrap();
-    }
+    let (server, digests, _blobs, _creds) = server_with_a_small_cache(3, 40).await;
     for d in &digests[..2] {
         assert_eq!(get_blob(&server, d).await.status(), 200);
     }
