@@ -692,6 +692,7 @@ pub async fn start_dhcp(
         0 => anyhow::bail!("[dhcp] slices must be at least 1"),
         1 => crate::dhcp::server::Slices::whole(),
         _ if pools.is_empty() => anyhow::bail!("[dhcp] slices is for authoritative mode"),
+        65.. => anyhow::bail!("[dhcp] slices: at most 64"),
         of => {
             for pool in &pools {
                 let (start, end) = (u32::from(pool.config.start), u32::from(pool.config.end));
@@ -805,8 +806,19 @@ fn hold_a_slice(
                 () = shutdown.cancelled() => false,
             }
         };
+        let mut cut: Option<Option<u32>> = None;
         loop {
-            let index = (*held.borrow_and_update()).map(|k| k as u32);
+            let now = held.borrow_and_update().clone();
+            dhcp.slices.set_live(&now.live);
+            let index = now.mine.map(|k| k as u32);
+            if cut == Some(index) {
+                // Only the holders of the others changed.
+                if held.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            cut = Some(index);
             // Silent first: the slice held until now may be another server's already.
             dhcp.take_slice(None, &[]).expect("giving up cannot fail");
             // What it bound is saved before anything is cut from the store's leases:

@@ -18,11 +18,27 @@ const MAX_REMEMBERED: usize = 65_536;
 /// The slice (0..`of`) whose holder answers `mac` first: FNV-1a over the MAC, so that
 /// sequential MACs spread evenly.
 pub fn owner(mac: &HwAddr, of: u32) -> u32 {
+    fnv(mac) % of.max(1)
+}
+
+fn fnv(mac: &HwAddr) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in mac {
         h = (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
     }
-    h % of.max(1)
+    h
+}
+
+/// The slice whose holder answers `mac` first among the slices held now (`live`, a bit
+/// per slice; none known: all): a dead server's clients go to the living at once, not
+/// after a retransmit. Servers read the holders every few seconds, so for a moment two
+/// may both answer (two offers) or neither (the retransmit path).
+pub fn first_answerer(mac: &HwAddr, of: u32, live: u64) -> u32 {
+    let held: Vec<u32> = (0..of.min(64)).filter(|k| live & (1 << k) != 0).collect();
+    if held.is_empty() {
+        return owner(mac, of);
+    }
+    held[fnv(mac) as usize % held.len()]
 }
 
 /// DISCOVERs of other slices' clients seen once, by (MAC, xid).
@@ -65,6 +81,33 @@ mod tests {
             assert!((800..1200).contains(&c), "{counts:?}");
         }
         assert_eq!(owner(&[1, 2, 3, 4, 5, 6], 1), 0);
+    }
+
+    #[test]
+    fn a_dead_slices_clients_go_to_the_living() {
+        let macs: Vec<HwAddr> = (0..300u32)
+            .map(|i| {
+                let b = i.to_be_bytes();
+                [2, 0, 0, b[1], b[2], b[3]]
+            })
+            .collect();
+        for m in &macs {
+            assert_eq!(
+                first_answerer(m, 3, 0b111),
+                owner(m, 3),
+                "all held: the owner"
+            );
+            assert_ne!(first_answerer(m, 3, 0b101), 1, "slice 1 is held by none");
+            assert_eq!(first_answerer(m, 3, 0), owner(m, 3), "none known: all");
+        }
+        let to_two = macs
+            .iter()
+            .filter(|m| first_answerer(m, 3, 0b101) == 2)
+            .count();
+        assert!(
+            (100..200).contains(&to_two),
+            "spread over the living: {to_two}"
+        );
     }
 
     #[test]

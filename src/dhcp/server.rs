@@ -62,6 +62,8 @@ pub struct Slices {
     pub of: u32,
     /// The slice held plus one; 0: none.
     held: std::sync::atomic::AtomicU32,
+    /// The slices some server holds, a bit each (0: not known).
+    live: std::sync::atomic::AtomicU64,
 }
 
 impl Slices {
@@ -70,16 +72,30 @@ impl Slices {
         Self {
             of: 1,
             held: 1.into(),
+            live: 0.into(),
         }
     }
 
     /// `of` slices, none held yet.
     pub fn of(of: u32) -> Self {
-        Self { of, held: 0.into() }
+        Self {
+            of,
+            held: 0.into(),
+            live: 0.into(),
+        }
     }
 
     pub fn held(&self) -> Option<u32> {
         self.held.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// The slices some server holds now (from the role leases).
+    pub fn set_live(&self, live: &[usize]) {
+        let mask = live
+            .iter()
+            .filter(|k| **k < 64)
+            .fold(0u64, |m, k| m | (1 << k));
+        self.live.store(mask, Ordering::Release);
     }
 }
 
@@ -175,7 +191,11 @@ impl DhcpServer {
             const DISCOVER: u8 = 1;
             if self.slices.of > 1
                 && req.message_type() == DISCOVER
-                && super::balance::owner(&req.chaddr, self.slices.of) != held
+                && super::balance::first_answerer(
+                    &req.chaddr,
+                    self.slices.of,
+                    self.slices.live.load(Ordering::Acquire),
+                ) != held
                 && !self
                     .first_sightings
                     .lock()

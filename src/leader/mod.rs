@@ -78,25 +78,39 @@ pub fn hold(
     rx
 }
 
+/// What `hold_one` reads of its roles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The role this server holds (its index), None while none: every role is held by
+    /// another server, or the store cannot be reached.
+    pub mine: Option<usize>,
+    /// The roles some server holds (indices, ascending), read each renewal period;
+    /// empty when it could not be read.
+    pub live: Vec<usize>,
+}
+
 /// Holds one of `roles` at a time for `holder` (the first free, in order: servers
-/// sharing a store each take another), until `stop`, then gives it up. The receiver
-/// reads which (its index), None while none: every role is held by another server, or
-/// the store cannot be reached (a holder that cannot renew steps down at once).
+/// sharing a store each take another), until `stop`, then gives it up (a holder that
+/// cannot renew steps down at once). The receiver reads which, and which are held.
 pub fn hold_one(
     store: Store,
     roles: Vec<String>,
     holder: String,
     tasks: &tokio_util::task::TaskTracker,
     stop: CancellationToken,
-) -> watch::Receiver<Option<usize>> {
-    let (held_tx, rx) = watch::channel(None);
+) -> watch::Receiver<Held> {
+    let (held_tx, rx) = watch::channel(Held::default());
     tasks.spawn(crate::store::own_task(async move {
-        let publish = |held: Option<usize>| {
+        let publish = |mine: Option<usize>, live: Option<Vec<usize>>| {
             held_tx.send_if_modified(|was| {
-                if *was != held {
-                    tracing::info!(role = held.map(|k| roles[k].as_str()), "role changed hands");
+                if was.mine != mine {
+                    tracing::info!(role = mine.map(|k| roles[k].as_str()), "role changed hands");
                 }
-                std::mem::replace(was, held) != held
+                let next = Held {
+                    mine,
+                    live: live.unwrap_or_else(|| was.live.clone()),
+                };
+                std::mem::replace(was, next.clone()) != next
             });
         };
         let mut held: Option<usize> = None;
@@ -111,7 +125,7 @@ pub fn hold_one(
                     }
                 }
                 // Stepped down before trying the others: each try may take a while.
-                publish(held);
+                publish(held, None);
             }
             if held.is_none() {
                 for (k, role) in roles.iter().enumerate() {
@@ -121,13 +135,19 @@ pub fn hold_one(
                     }
                 }
             }
-            publish(held);
+            let live = match tokio::time::timeout(RENEW, store.held_roles(now_ms())).await {
+                Ok(Ok(held_roles)) => (0..roles.len())
+                    .filter(|k| held_roles.contains(&roles[*k]))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            publish(held, Some(live));
             tokio::select! {
                 () = tokio::time::sleep(RENEW) => {}
                 () = stop.cancelled() => break,
             }
         }
-        held_tx.send_replace(None);
+        held_tx.send_replace(Held::default());
         if let Some(k) = held
             && let Err(e) = store.resign(&roles[k], &holder).await
         {

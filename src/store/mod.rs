@@ -610,6 +610,8 @@ pub trait LeaderStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Gives `role` up at once if `holder` holds it (a clean shutdown).
     async fn resign(&self, role: &str, holder: &str) -> Result<(), StoreError>;
+    /// Every role some server holds at `now_ms` (not lapsed).
+    async fn held_roles(&self, now_ms: i64) -> Result<Vec<String>, StoreError>;
 }
 
 /// What removing a node came to.

@@ -623,6 +623,13 @@ async fn one_server_holds_a_role_until_it_lapses(db: Db) {
         hs.lead("sweeper", holder, t + 20_003, ttl).await.unwrap(),
         "free after resign"
     );
+    // What is held, as every server reads it: the webhooks lease lapsed at t + 15 s.
+    let mut held = os.held_roles(t + 20_004).await.unwrap();
+    held.sort();
+    assert_eq!(held, vec!["sweeper"]);
+    let mut held = os.held_roles(t + 1).await.unwrap();
+    held.sort();
+    assert_eq!(held, vec!["sweeper", "webhooks"]);
     a.close().await;
     b.close().await;
 }

@@ -36,4 +36,12 @@ impl LeaderStore for PgStore {
             .await?;
         Ok(())
     }
+    async fn held_roles(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT role FROM leaders WHERE expires_ms >= $1")
+                .bind(now_ms)
+                .fetch_all(&self.control_pool)
+                .await?;
+        Ok(rows.into_iter().map(|(r,)| r).collect())
+    }
 }

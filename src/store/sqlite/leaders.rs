@@ -40,4 +40,11 @@ impl LeaderStore for SqliteStore {
         tx.commit().await?;
         Ok(())
     }
+    async fn held_roles(&self, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> = sqlx::query_as("SELECT role FROM leaders WHERE expires_ms >= ?")
+            .bind(now_ms)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(r,)| r).collect())
+    }
 }
