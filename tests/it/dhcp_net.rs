@@ -914,20 +914,29 @@ async fn two_authoritative_servers_split_the_pool_and_a_standby_takes_over_a_sli
     let clients: Vec<[u8; 6]> = of_slice(0).take(3).chain(of_slice(1).take(3)).collect();
 
     // The first two servers take the two slices; the third holds none and is silent.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Until each server has read that the other holds its slice (every 5 s), both may
+    // answer a client: wait for a round where each client hears one server, each its own.
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut xid = 0x5000;
     let mut by_server = std::collections::HashMap::new();
-    while by_server.len() < 2 {
+    loop {
+        let mut offers = Vec::new();
+        for m in [clients[0], clients[3]] {
+            xid += 1;
+            offers.push(discover(m, xid));
+        }
+        for o in offers.iter().flatten() {
+            by_server.insert(server_id(o).unwrap(), half(o.yiaddr()));
+        }
+        let settled = offers.iter().all(|o| o.len() == 1)
+            && server_id(&offers[0][0]) != server_id(&offers[1][0]);
+        if settled {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
             "the slices were not taken: {by_server:?}"
         );
-        for m in [clients[0], clients[3]] {
-            xid += 1;
-            for o in discover(m, xid) {
-                by_server.insert(server_id(&o).unwrap(), half(o.yiaddr()));
-            }
-        }
     }
     assert!(!by_server.contains_key(&lab.ip(3)), "the standby is silent");
     assert_ne!(

@@ -606,23 +606,9 @@ async fn a_uefi_vm_pxe_boots_ipxe_over_tftp_then_the_image_to_ready() {
 /// it still boots, but it is no longer the blob its digest names, nor what Debian
 /// signed), behind the server's back. Returns the new bytes.
 async fn swap_kernel(server: &TestServer, image: &Value) -> Vec<u8> {
-    let (_, shown) = server
-        .json(&format!(
-            "/api/v1/images/{}",
-            image["digest"].as_str().unwrap()
-        ))
-        .await;
-    let kernel = shown["artifacts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["role"] == "kernel")
-        .unwrap()["digest"]
-        .as_str()
-        .unwrap()
-        .trim_start_matches("sha256:")
-        .to_string();
-    let blob = server.blob_dir().join(&kernel);
+    let kernel = crate::objects::kernel_digest(server, image["digest"].as_str().unwrap()).await;
+    let kernel = kernel.trim_start_matches("sha256:");
+    let blob = server.blob_dir().join(kernel);
     let mut bytes = std::fs::read(&blob).unwrap();
     let at = bytes
         .windows(13)
