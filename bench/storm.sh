@@ -10,6 +10,7 @@
 # its own leased address). LOSS_PERCENT drops that share of UDP in both directions
 # (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
 # FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
+# MAX_CONNECTIONS=N: bootfleet's [http] max_connections (default: the server's).
 # HEAPTRACK=FILE: the server runs under heaptrack (apt-get install heaptrack), its
 # allocations written to FILE.zst; implies FULL_ONLY.
 source "$(dirname "$0")/lib.sh"
@@ -73,6 +74,13 @@ for k, v in r['retries'].items(): print(f"  retries: {k} {v}")
 PY
 }
 srv() { ip netns exec $SRV "$@"; }
+# udp_drops: datagrams each namespace's kernel dropped for a full receive or send buffer
+# since the namespaces were made (Udp: InErrors RcvbufErrors SndbufErrors).
+udp_drops() {
+  for ns in $SRV $SIM; do
+    ip netns exec "$ns" awk -v ns="$ns" '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) k[i] = $i; h = 1 } else for (i = 1; i <= NF; i++) if (k[i] ~ /InErrors|RcvbufErrors|SndbufErrors/) printf "%s%s %s=%s", (n++ ? "," : "  udp drops " ns ":"), "", k[i], $i } END { print "" }' /proc/net/snmp
+  done
+}
 
 # --- bootfleet -------------------------------------------------------------------------
 cat >"$work/bootfleet.toml" <<TOML
@@ -91,6 +99,7 @@ start = "10.98.128.1"
 end = "10.98.255.250"
 lease_secs = 3600
 TOML
+[ -n "${MAX_CONNECTIONS:-}" ] && printf '[http]\nmax_connections = %s\n' "$MAX_CONNECTIONS" >>"$work/bootfleet.toml"
 ulimit -n "$(ulimit -Hn)"
 profile=()
 [ -n "${HEAPTRACK:-}" ] && profile=(heaptrack -o "$HEAPTRACK")
@@ -109,6 +118,7 @@ echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kern
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measure-pid "$BF_PID" \
   --output json >"$work/bf.json"
 summary "$work/bf.json"
+udp_drops
 if [ -n "${HEAPTRACK:-}${FULL_ONLY:-}" ]; then
   kill "$BF_PID"
   wait "$SERVER_JOB" || true # heaptrack writes its file once the server is gone

@@ -27,9 +27,16 @@ use super::sendfile::SendfileStream;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
-    /// Connections served at once; more wait in the kernel's backlog. Lowered to fit the
-    /// open-file limit [default: 8192].
+    /// Connections served at once; more wait in the kernel's backlog (LISTEN_BACKLOG,
+    /// capped by net.core.somaxconn). A boot storm is served fastest by few connections
+    /// at a time: at 10,000 nodes on 2 cores, 1,024 readied them sooner, with less CPU and
+    /// a third of the memory of 8,192 (BENCHMARKS.md). Lowered to fit the open-file limit
+    /// [default: 1024].
     pub max_connections: usize,
+    /// Past this many open connections, responses say `Connection: close`: each holds
+    /// about 30 KiB in hyper and tokio while it waits for its client's next request, so a
+    /// storm's idle connections, not its work, would fill memory [default: 512].
+    pub keep_alive_connections: usize,
     /// A request's headers must arrive within this long of the connection opening or of
     /// the previous response ending: the header and the keep-alive idle timeout
     /// [default: 30].
@@ -58,7 +65,8 @@ pub struct HttpSettings {
 impl Default for HttpSettings {
     fn default() -> Self {
         Self {
-            max_connections: 8192,
+            max_connections: 1024,
+            keep_alive_connections: 512,
             header_timeout_secs: 30,
             body_timeout_secs: 60,
             write_timeout_secs: 60,
@@ -144,7 +152,8 @@ pub async fn serve(
 ) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let handshake_timeout = HttpSettings::secs(settings.header_timeout_secs);
-    let permits = Arc::new(Semaphore::new(settings.connection_cap()));
+    let cap = settings.connection_cap();
+    let permits = Arc::new(Semaphore::new(cap));
     let write_timeout = HttpSettings::secs(settings.write_timeout_secs);
     let app = app.layer(RequestBodyTimeoutLayer::new(HttpSettings::secs(
         settings.body_timeout_secs,
@@ -177,6 +186,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let blob_maps = blob_maps.clone();
         let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
+        let app = close_when_busy(app, permits.clone(), cap, settings.keep_alive_connections);
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let tls = tls.clone();
@@ -230,6 +240,31 @@ pub async fn serve(
             "connections still open after the shutdown grace: closing them"
         );
     }
+}
+
+/// `app` whose responses end their connection while more than `keep_alive` of `cap`
+/// connections are open: the header is the one race-free way to close a kept-alive
+/// connection (closing an idle one races the client's next request on it).
+fn close_when_busy<S>(
+    app: S,
+    permits: Arc<Semaphore>,
+    cap: usize,
+    keep_alive: usize,
+) -> tower::util::MapResponse<
+    S,
+    impl Fn(axum::response::Response) -> axum::response::Response + Clone,
+> {
+    tower::util::MapResponse::new(app, move |mut response: axum::response::Response| {
+        // The accept loop holds one permit while it waits for the next connection.
+        let open = (cap - permits.available_permits()).saturating_sub(1);
+        if open > keep_alive {
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
+    })
 }
 
 /// `io` whose writes fail after `write_timeout` without progress.

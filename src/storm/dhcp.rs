@@ -60,6 +60,10 @@ pub enum DhcpError {
     Io(#[from] std::io::Error),
 }
 
+/// The shared socket's receive buffer: a reply to each of 10,000 nodes at once (about
+/// 2.3 KiB of buffer each with its skb), with room to spare.
+const SEGMENT_BUFFER: usize = 64 << 20;
+
 type Waiters = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
 
 /// The segment's shared client socket and the demultiplexer behind it.
@@ -70,6 +74,44 @@ pub struct Segment {
     server: SocketAddr,
     /// Replies nobody waited for (late duplicates, retransmitted offers).
     pub strays: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// What the reply router needs of its segment: the nodes waiting (gone with the segment)
+/// and the count of replies nobody waited for.
+struct Router {
+    waiters: std::sync::Weak<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>,
+    strays: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Router {
+    async fn route(self, socket: UdpSocket) {
+        let mut buf = vec![0u8; 1500];
+        loop {
+            let received =
+                tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await;
+            let Some(waiters) = self.waiters.upgrade() else {
+                return;
+            };
+            let Ok(Ok((n, _))) = received else {
+                continue;
+            };
+            let Ok(msg) = Message::decode(&mut Decoder::new(&buf[..n])) else {
+                continue;
+            };
+            if msg.opcode() != Opcode::BootReply {
+                continue;
+            }
+            let sent = waiters
+                .lock()
+                .expect("not poisoned")
+                .get(&msg.xid())
+                .map(|tx| tx.send(msg).is_ok());
+            if sent != Some(true) {
+                self.strays
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Segment {
@@ -88,9 +130,13 @@ impl Segment {
     /// example inside another network namespace) and starts routing replies.
     pub fn from_socket(socket: std::net::UdpSocket, server_port: u16) -> std::io::Result<Self> {
         let s = socket2::Socket::from(socket);
-        // A storm's replies arrive in bursts; the default buffer drops them.
-        s.set_recv_buffer_size(16 << 20)?;
+        // A storm's replies to every node arrive in bursts on this one socket, where a
+        // real fleet has a NIC a machine: a buffer that drops them would count the
+        // simulator's losses as the server's. SO_RCVBUF alone stops at rmem_max (208 KiB
+        // on Debian, under a hundred replies), hence SO_RCVBUFFORCE where we may.
+        crate::udp_buffer::grow(&s, SEGMENT_BUFFER)?;
         s.set_nonblocking(true)?;
+        let receiving: std::net::UdpSocket = s.try_clone()?.into();
         let socket = Arc::new(UdpSocket::from_std(s.into())?);
         let seg = Self {
             socket,
@@ -98,33 +144,30 @@ impl Segment {
             server: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::BROADCAST, server_port)),
             strays: Default::default(),
         };
-        tokio::spawn(seg.clone().route());
+        // Replies are routed on a thread of their own: on the nodes' runtime, behind
+        // thousands of ready node tasks, the router waited seconds for its turn, and
+        // nodes timed out on replies that had arrived (a real NIC does not wait for its
+        // neighbours' firmware). The node is woken through its channel. The thread ends
+        // within a second of the segment's last handle.
+        let router = Router {
+            waiters: Arc::downgrade(&seg.waiters),
+            strays: seg.strays.clone(),
+        };
+        std::thread::Builder::new()
+            .name("dhcp-router".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the DHCP router");
+                rt.block_on(async move {
+                    match UdpSocket::from_std(receiving) {
+                        Ok(socket) => router.route(socket).await,
+                        Err(e) => tracing::error!(error = %e, "the DHCP router cannot start"),
+                    }
+                })
+            })?;
         Ok(seg)
-    }
-
-    async fn route(self) {
-        let mut buf = vec![0u8; 1500];
-        loop {
-            let Ok((n, _)) = self.socket.recv_from(&mut buf).await else {
-                continue;
-            };
-            let Ok(msg) = Message::decode(&mut Decoder::new(&buf[..n])) else {
-                continue;
-            };
-            if msg.opcode() != Opcode::BootReply {
-                continue;
-            }
-            let sent = self
-                .waiters
-                .lock()
-                .expect("not poisoned")
-                .get(&msg.xid())
-                .map(|tx| tx.send(msg).is_ok());
-            if sent != Some(true) {
-                self.strays
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
     }
 
     /// A full DISCOVER-OFFER-REQUEST-ACK for `mac`, as `asker` does it.

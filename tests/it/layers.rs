@@ -80,7 +80,15 @@ const RULES: &[(&str, &[&str])] = &[
     ("cli", &["api", "auth", "config", "http_client"]),
     (
         "storm",
-        &["api", "clock", "http_client", "tftp", "cli", "tpm"],
+        &[
+            "api",
+            "clock",
+            "http_client",
+            "tftp",
+            "cli",
+            "tpm",
+            "udp_buffer",
+        ],
     ),
     (
         "config",

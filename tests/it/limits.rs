@@ -221,6 +221,51 @@ async fn connections_past_the_cap_wait_for_a_free_one() {
 }
 
 #[tokio::test]
+async fn past_the_keep_alive_limit_responses_close_their_connection() {
+    let server = TestServer::start_configured(|cfg| {
+        cfg.http.max_connections = 8;
+        cfg.http.keep_alive_connections = 1;
+    })
+    .await;
+    let wait = Duration::from_secs(10);
+    let ask = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    // One connection open: at the limit, not past it; kept alive.
+    let mut first = TcpStream::connect(server.addr).await.unwrap();
+    first.write_all(ask).await.unwrap();
+    let answer = read_until_closed(&mut first, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    // A second: past the limit, so its answer ends it.
+    let mut second = TcpStream::connect(server.addr).await.unwrap();
+    second.write_all(ask).await.unwrap();
+    let answer = read_until_closed(&mut second, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    assert!(
+        closed_within(&mut second, wait).await,
+        "closed after its answer"
+    );
+    // The first, alone again (once the second's slot is given back), is still kept
+    // alive and still served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.write_all(ask).await.unwrap();
+    let answer = read_until_closed(&mut first, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    drop(first);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn shutdown_ends_within_its_grace_whatever_clients_hold() {
     let server = TestServer::start_configured(|cfg| cfg.http.shutdown_grace_secs = 1).await;
     // A publish trickling its body, and a client that sends half a request line.
