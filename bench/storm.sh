@@ -10,7 +10,8 @@
 # its own leased address). LOSS_PERCENT drops that share of UDP in both directions
 # (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
 # FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
-# MAX_CONNECTIONS=N: bootfleet's [http] max_connections (default: the server's).
+# MAX_CONNECTIONS=N, KEEP_ALIVE=N: bootfleet's [http] max_connections and
+# keep_alive_connections (default: the server's).
 # HEAPTRACK=FILE: the server runs under heaptrack (apt-get install heaptrack), its
 # allocations written to FILE.zst; implies FULL_ONLY.
 source "$(dirname "$0")/lib.sh"
@@ -99,7 +100,11 @@ start = "10.98.128.1"
 end = "10.98.255.250"
 lease_secs = 3600
 TOML
-[ -n "${MAX_CONNECTIONS:-}" ] && printf '[http]\nmax_connections = %s\n' "$MAX_CONNECTIONS" >>"$work/bootfleet.toml"
+if [ -n "${MAX_CONNECTIONS:-}${KEEP_ALIVE:-}" ]; then
+  echo "[http]" >>"$work/bootfleet.toml"
+  if [ -n "${MAX_CONNECTIONS:-}" ]; then echo "max_connections = $MAX_CONNECTIONS" >>"$work/bootfleet.toml"; fi
+  if [ -n "${KEEP_ALIVE:-}" ]; then echo "keep_alive_connections = $KEEP_ALIVE" >>"$work/bootfleet.toml"; fi
+fi
 ulimit -n "$(ulimit -Hn)"
 profile=()
 [ -n "${HEAPTRACK:-}" ] && profile=(heaptrack -o "$HEAPTRACK")

@@ -1,6 +1,7 @@
-//! Receive buffers for the UDP services that take a power-on burst (DHCP, the TFTP
-//! listener): the burst waits in the buffer instead of being dropped, since every dropped
-//! request costs its node the firmware's back-off (4 s for a PXE DISCOVER).
+//! Receive buffers for the UDP sockets that take a power-on burst (DHCP, the TFTP
+//! listener, and the storm simulator's shared DHCP client socket): the burst waits in the
+//! buffer instead of being dropped, since every dropped request costs its node the
+//! firmware's back-off (4 s for a PXE DISCOVER).
 
 use std::os::fd::AsFd;
 

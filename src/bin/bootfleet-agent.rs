@@ -167,6 +167,10 @@ fn main() -> ExitCode {
             reqwest::Client::builder().tls_certs_only(trusted.clone())
         }
         .timeout(Duration::from_secs(30))
+        // Closed by us, idle, well before the server's keep-alive timeout (30 s, the
+        // default heartbeat period): a connection kept between heartbeats would hold one
+        // of the server's slots and race its close on the next heartbeat.
+        .pool_idle_timeout(Duration::from_secs(10))
         .build()
         .expect("HTTP client builds"),
         servers: bootfleet_agent::run::Servers::new(&server, &p.servers),

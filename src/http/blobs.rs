@@ -138,6 +138,7 @@ pub async fn get_blob(
     let boot = query
         .boot
         .filter(|b| crate::node::service::fetches::plausible_boot_id(b));
+    let boot_download = boot.is_some();
     let part = |bytes: Bytes| bytes.slice(start as usize..(start + count) as usize);
     let body = match (content, boot) {
         _ if method == Method::HEAD || count == 0 => Body::empty(),
@@ -157,6 +158,14 @@ pub async fn get_blob(
             Body::from_stream(fetches.track(boot, digest, full, start, count, chunks))
         }
     };
+    if boot_download {
+        // A boot's download ends its connection: iPXE keeps its HTTP connections in a
+        // pool and, on `boot`, drops them without a FIN or RST (tcp_shutdown), so the
+        // connection of its last initrd would hold one of `[http] max_connections` for
+        // the whole keep-alive timeout while other nodes wait. iPXE opens the next file
+        // on a new connection.
+        response = response.header(header::CONNECTION, "close");
+    }
     Ok(response
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")

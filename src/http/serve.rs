@@ -27,15 +27,20 @@ use super::sendfile::SendfileStream;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
-    /// Connections served at once; more wait in the kernel's backlog (LISTEN_BACKLOG,
-    /// capped by net.core.somaxconn). A boot storm is served fastest by few connections
-    /// at a time: at 10,000 nodes on 2 cores, 1,024 readied them sooner, with less CPU and
-    /// a third of the memory of 8,192 (BENCHMARKS.md). Lowered to fit the open-file limit
-    /// [default: 1024].
+    /// Connections served at once, on each listener; more wait in the kernel's backlog
+    /// (LISTEN_BACKLOG, capped by net.core.somaxconn), then in their SYN retries. A boot
+    /// storm is served fastest by few connections at a time: at 10,000 nodes on 2 cores,
+    /// 1,024 readied them sooner, with less CPU and a third of the memory of 8,192
+    /// (BENCHMARKS.md). The price: where links are slow, this many long blob downloads
+    /// hold every slot and boot scripts and heartbeats wait behind them; raise it there.
+    /// Lowered to fit the open-file limit [default: 1024].
     pub max_connections: usize,
-    /// Past this many open connections, responses say `Connection: close`: each holds
-    /// about 30 KiB in hyper and tokio while it waits for its client's next request, so a
-    /// storm's idle connections, not its work, would fill memory [default: 512].
+    /// Past this many open connections (on the listener), responses say `Connection:
+    /// close`, so that idle kept-alive connections, about 30 KiB each in hyper's buffers
+    /// and their tokio task, stay bounded when `max_connections` is raised. 0: none is
+    /// kept alive. Below `max_connections` it costs reconnects: in a storm every
+    /// connection is busy, and 512 of 1,024 took 20-30% more server CPU at 10,000 nodes
+    /// (BENCHMARKS.md) [default: 1024].
     pub keep_alive_connections: usize,
     /// A request's headers must arrive within this long of the connection opening or of
     /// the previous response ending: the header and the keep-alive idle timeout
@@ -66,7 +71,7 @@ impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             max_connections: 1024,
-            keep_alive_connections: 512,
+            keep_alive_connections: 1024,
             header_timeout_secs: 30,
             body_timeout_secs: 60,
             write_timeout_secs: 60,
@@ -255,7 +260,8 @@ fn close_when_busy<S>(
     impl Fn(axum::response::Response) -> axum::response::Response + Clone,
 > {
     tower::util::MapResponse::new(app, move |mut response: axum::response::Response| {
-        // The accept loop holds one permit while it waits for the next connection.
+        // The accept loop usually holds one permit while it waits for the next
+        // connection (not while it waits at the cap): at most one too few.
         let open = (cap - permits.available_permits()).saturating_sub(1);
         if open > keep_alive {
             response.headers_mut().insert(

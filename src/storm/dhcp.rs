@@ -92,8 +92,15 @@ impl Router {
             let Some(waiters) = self.waiters.upgrade() else {
                 return;
             };
-            let Ok(Ok((n, _))) = received else {
-                continue;
+            let (n, _) = match received {
+                Ok(Ok(got)) => got,
+                Err(_) => continue,
+                Ok(Err(e)) => {
+                    // Not expected of an unconnected UDP socket; never spin on it.
+                    tracing::debug!(error = %e, "the DHCP router cannot receive");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
             };
             let Ok(msg) = Message::decode(&mut Decoder::new(&buf[..n])) else {
                 continue;
@@ -135,6 +142,16 @@ impl Segment {
         // simulator's losses as the server's. SO_RCVBUF alone stops at rmem_max (208 KiB
         // on Debian, under a hundred replies), hence SO_RCVBUFFORCE where we may.
         crate::udp_buffer::grow(&s, SEGMENT_BUFFER)?;
+        // Linux reports twice what it grants.
+        let granted = s.recv_buffer_size()? / 2;
+        if granted < SEGMENT_BUFFER {
+            tracing::warn!(
+                granted,
+                wanted = SEGMENT_BUFFER,
+                "the simulated segment's receive buffer is short (SO_RCVBUFFORCE needs \
+                 CAP_NET_ADMIN): replies it drops count as the server's losses"
+            );
+        }
         s.set_nonblocking(true)?;
         let receiving: std::net::UdpSocket = s.try_clone()?.into();
         let socket = Arc::new(UdpSocket::from_std(s.into())?);

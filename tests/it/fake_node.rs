@@ -145,6 +145,12 @@ impl<'a> FakeNode<'a> {
         for url in &boot.urls {
             let r = reqwest::get(url).await.unwrap();
             assert_eq!(r.status(), 200, "{url}");
+            // iPXE drops its pooled connections silently on `boot`: the server ends them.
+            assert_eq!(
+                r.headers().get("connection").map(|v| v.as_bytes()),
+                Some(&b"close"[..]),
+                "a boot's download ends its connection: {url}"
+            );
             digests.push(Digest::of(&r.bytes().await.unwrap()));
         }
         digests
