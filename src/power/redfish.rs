@@ -89,17 +89,16 @@ impl Redfish {
                 "Redfish address {address:?}: the path must be empty or {SYSTEMS}/ID"
             )));
         }
-        let mut builder = crate::http_client::builder()
+        let client = crate::http_client::builder()
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .timeout(timeout)
             .no_proxy()
             // A BMC that redirects is followed only within itself (sushy answers an alias
             // with 307 to the system's UUID).
-            .redirect(reqwest::redirect::Policy::limited(3));
-        if let Some(config) = super::tls::client_config(trust).map_err(PowerError::Config)? {
-            builder = builder.tls_backend_preconfigured(config);
-        }
-        let client = builder
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .tls_backend_preconfigured(
+                super::tls::client_config(trust).map_err(PowerError::Config)?,
+            )
             .build()
             .map_err(|e| PowerError::Config(format!("Redfish client: {e}")))?;
         Ok(Self {

@@ -34,14 +34,14 @@ pub fn parse_fingerprint(s: &str) -> Result<[u8; 32], String> {
         .map_err(|_| format!("fingerprint {s:?} is not 32 bytes (SHA-256)"))
 }
 
-/// The rustls configuration for `trust`; None for the system's roots (reqwest's default).
-pub fn client_config(trust: &Trust) -> Result<Option<rustls::ClientConfig>, String> {
+/// The rustls configuration for `trust` (the system's roots: the process's shared one).
+pub fn client_config(trust: &Trust) -> Result<rustls::ClientConfig, String> {
     let provider = crate::http_client::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     let config = match trust {
-        Trust::SystemRoots => return Ok(None),
+        Trust::SystemRoots => crate::http_client::system_roots()?,
         Trust::Ca(pem) => crate::http_client::ca_config(pem)?,
         Trust::Fingerprint(pin) => builder
             .dangerous()
@@ -58,7 +58,7 @@ pub fn client_config(trust: &Trust) -> Result<Option<rustls::ClientConfig>, Stri
             }))
             .with_no_client_auth(),
     };
-    Ok(Some(config))
+    Ok(config)
 }
 
 /// Accepts the one certificate whose fingerprint is `pin` (any certificate when None).
@@ -132,11 +132,7 @@ mod tests {
     #[test]
     fn a_ca_file_without_certificates_is_refused() {
         assert!(client_config(&Trust::Ca("nothing here".into())).is_err());
-        assert!(
-            client_config(&Trust::Fingerprint([0; 32]))
-                .unwrap()
-                .is_some()
-        );
-        assert!(client_config(&Trust::SystemRoots).unwrap().is_none());
+        assert!(client_config(&Trust::Fingerprint([0; 32])).is_ok());
+        assert!(client_config(&Trust::SystemRoots).is_ok());
     }
 }

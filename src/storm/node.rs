@@ -208,7 +208,7 @@ async fn pxe(
 
 /// A node's HTTP client, sending from `local` when given.
 pub fn client(local: Option<std::net::Ipv4Addr>) -> Result<reqwest::Client, String> {
-    let mut http = crate::http_client::builder()
+    let mut http = crate::http_client::shared_roots_builder()?
         .timeout(Duration::from_secs(120))
         .pool_max_idle_per_host(1);
     if let Some(ip) = local {
