@@ -2,7 +2,9 @@
 # Boot storm: N simulated nodes power on together and boot through the whole protocol
 # (bootfleet-bench storm) against bootfleet, then against a reference stack of dnsmasq
 # (DHCP + TFTP) and nginx (HTTP) doing the same work up to the downloads, in the same
-# run; then the HTTP phase alone against both, and its loopback bound.
+# run; then the HTTP phase alone against both, and its loopback bound. Each bootfleet run
+# (the full boot, then the reference's work only) starts a server on an empty data
+# directory, so both begin from the same state; it prints their ratio.
 #
 # Usage: sudo bench/storm.sh NODES [LOSS_PERCENT=0] [RAMP=10s]
 # Two namespaces joined by a veth pair: bfs-srv (the servers, 10.98.0.1) and bfs-sim (the
@@ -12,6 +14,7 @@
 # FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
 # MAX_CONNECTIONS=N, KEEP_ALIVE=N: bootfleet's [http] max_connections and
 # keep_alive_connections (default: the server's).
+# METRICS=FILE: the server's /metrics after the full boot, written to FILE.
 # HEAPTRACK=FILE: the server runs under heaptrack (apt-get install heaptrack), its
 # allocations written to FILE.zst; implies FULL_ONLY.
 source "$(dirname "$0")/lib.sh"
@@ -108,15 +111,26 @@ fi
 ulimit -n "$(ulimit -Hn)"
 profile=()
 [ -n "${HEAPTRACK:-}" ] && profile=(heaptrack -o "$HEAPTRACK")
-srv "${profile[@]}" "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >"$work/server.log" 2>&1 &
-SERVER_JOB=$!
-for _ in $(seq 300); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
-# The newest: under heaptrack, its wrapper script names the same command.
-BF_PID=$(srv pgrep -n -f "bootfleet --data-dir $work/data serve")
+# start_bootfleet DATA_DIR: a server on an empty data directory, with the storm's image
+# published and assigned to every node. Each bootfleet run starts from one: the same state
+# (no node has a lease or a boot yet), so that the runs differ only in the work asked.
 export BOOTFLEET_SERVER=http://10.98.0.1:8080 BOOTFLEET_TOKEN
-BOOTFLEET_TOKEN=$(cat "$work/data/admin.token")
-mapfile -t urls < <(srv "$BENCH" storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
-  --initrd-mib "$initrd_mib" --reference-dir "$work/www")
+start_bootfleet() {
+  data=$1
+  srv "${profile[@]}" "$BIN" --data-dir "$data" serve --config "$work/bootfleet.toml" >>"$work/server.log" 2>&1 &
+  SERVER_JOB=$!
+  for _ in $(seq 300); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+  # The newest: under heaptrack, its wrapper script names the same command.
+  BF_PID=$(srv pgrep -n -f "bootfleet --data-dir $data serve")
+  BOOTFLEET_TOKEN=$(cat "$data/admin.token")
+  mapfile -t urls < <(srv "$BENCH" storm-setup --nodes "$nodes" --kernel-mib "$kernel_mib" \
+    --initrd-mib "$initrd_mib" --reference-dir "$work/www")
+}
+stop_bootfleet() {
+  kill "$BF_PID"
+  wait "$SERVER_JOB" || true # heaptrack writes its file once the server is gone
+}
+start_bootfleet "$work/data"
 machine
 echo "nodes $nodes, UDP loss ${loss}%, power-on spread over $ramp, kernel ${kernel_mib} MiB + initrd ${initrd_mib} MiB, every 10th kernel download cut and resumed"
 echo "== bootfleet: DHCP -> TFTP undionly.kpxe -> DHCP (iPXE) -> scripts -> kernel, initrd -> attest -> validate (8 GPUs) -> 2 heartbeats"
@@ -124,16 +138,25 @@ sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --measu
   --output json >"$work/bf.json"
 summary "$work/bf.json"
 udp_drops
+if [ -n "${METRICS:-}" ]; then
+  srv curl -fsS -H "Authorization: Bearer $BOOTFLEET_TOKEN" http://10.98.0.1:8080/metrics >"$METRICS"
+fi
+stop_bootfleet
 if [ -n "${HEAPTRACK:-}${FULL_ONLY:-}" ]; then
-  kill "$BF_PID"
-  wait "$SERVER_JOB" || true # heaptrack writes its file once the server is gone
   exit 0
 fi
+start_bootfleet "$work/data-noagent"
 echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DHCP (iPXE) -> scripts -> kernel, initrd"
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --no-agent --measure-pid "$BF_PID" \
   --output json >"$work/bf-noagent.json"
 summary "$work/bf-noagent.json"
-kill "$BF_PID"; wait "$BF_PID" 2>/dev/null || true
+python3 - "$work/bf.json" "$work/bf-noagent.json" <<'PY'
+import json, sys
+full, ref = (json.load(open(p))['phases'] for p in sys.argv[1:3])
+r = lambda phase, q: full[phase][q] / ref[phase][q]
+print(f"full boot / the reference's work only: ready p50 {r('ready', 'p50_ms'):.2f}x, p99 {r('ready', 'p99_ms'):.2f}x (goal <= 1.2); PXE DHCP p99 {r('dhcp-pxe', 'p99_ms'):.2f}x (goal <= 2)")
+PY
+stop_bootfleet
 
 # --- reference: dnsmasq (DHCP + TFTP) and nginx, the same bytes --------------------------
 cat >"$work/www/boot.ipxe" <<IPXE
@@ -179,7 +202,7 @@ PY
 srv pkill -f "dnsmasq --keep-in-foreground" || true
 
 # --- the HTTP phase alone, and its bound (inside bfs-srv: to a local address, over loopback)
-srv "$BIN" --data-dir "$work/data" serve --config "$work/bootfleet.toml" >>"$work/server.log" 2>&1 &
+srv "$BIN" --data-dir "$work/data-noagent" serve --config "$work/bootfleet.toml" >>"$work/server.log" 2>&1 &
 for _ in $(seq 100); do srv curl -fs http://10.98.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
 bytes=$(( $(stat -c %s "$work/www/vmlinuz") + $(stat -c %s "$work/www/initrd.img") ))
 echo "== HTTP phase alone: $nodes clients at once, each on its own connection, kernel + initrd ($bytes bytes), every 10th cut and resumed"
