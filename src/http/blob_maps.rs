@@ -55,7 +55,9 @@ const CACHED_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct SmallBlobs {
-    kept: HashMap<Digest, Bytes>,
+    /// Each blob's bytes, and the blob store's removal count when the blob was last
+    /// known to be in the store (`BlobStore::removals`).
+    kept: HashMap<Digest, (Bytes, u64)>,
     total: usize,
 }
 
@@ -159,24 +161,36 @@ impl BlobMaps {
         Ok(Mapped(blob))
     }
 
-    /// The small blob `digest`'s bytes, when they are kept. The caller has checked that
-    /// the blob is still there (a collected blob's bytes may linger here a while).
-    pub fn small(&self, digest: &Digest) -> Option<Bytes> {
-        self.small
-            .lock()
-            .expect("not poisoned")
-            .kept
-            .get(digest)
-            .cloned()
+    /// The small blob `digest`'s bytes, when they are kept. The caller has just seen
+    /// the blob in the store, with the store's removal count at `removals` before it
+    /// looked (a collected blob's bytes may linger here a while).
+    pub fn small(&self, digest: &Digest, removals: u64) -> Option<Bytes> {
+        let mut small = self.small.lock().expect("not poisoned");
+        let (bytes, seen) = small.kept.get_mut(digest)?;
+        *seen = removals;
+        Some(bytes.clone())
+    }
+
+    /// The small blob `digest`'s bytes when they are kept and no blob has left the store
+    /// since it was last seen there (`removals` is the store's count now): then it is
+    /// there still, and a request needs no look at the filesystem.
+    pub fn small_unremoved(&self, digest: &Digest, removals: u64) -> Option<Bytes> {
+        let small = self.small.lock().expect("not poisoned");
+        match small.kept.get(digest) {
+            Some((bytes, seen)) if *seen == removals => Some(bytes.clone()),
+            _ => None,
+        }
     }
 
     /// Reads the small blob `digest` (`len` bytes, at most `SMALL`) from `file` whole,
-    /// and keeps it. Blocking: call it on the blocking pool.
+    /// and keeps it; `removals` is the store's removal count before `file` was opened.
+    /// Blocking: call it on the blocking pool.
     pub fn read_small(
         &self,
         digest: &Digest,
         file: &std::fs::File,
         len: u64,
+        removals: u64,
     ) -> std::io::Result<Bytes> {
         use std::os::unix::fs::FileExt;
         debug_assert!(len <= SMALL);
@@ -184,7 +198,7 @@ impl BlobMaps {
         file.read_exact_at(&mut bytes, 0)?;
         let bytes = Bytes::from(bytes);
         let mut small = self.small.lock().expect("not poisoned");
-        if let Some(old) = small.kept.insert(*digest, bytes.clone()) {
+        if let Some((old, _)) = small.kept.insert(*digest, (bytes.clone(), removals)) {
             small.total -= old.len();
         }
         small.total += bytes.len();
@@ -193,7 +207,7 @@ impl BlobMaps {
             let Some(other) = small.kept.keys().find(|d| *d != digest).copied() else {
                 break;
             };
-            let gone = small.kept.remove(&other).expect("just found");
+            let (gone, _) = small.kept.remove(&other).expect("just found");
             small.total -= gone.len();
         }
         Ok(bytes)
@@ -421,9 +435,9 @@ mod tests {
             let mut bytes = vec![0; SMALL as usize];
             bytes[..8].copy_from_slice(&i.to_le_bytes());
             let (file, digest) = mapped_file(&bytes);
-            let read = maps.read_small(&digest, &file, SMALL).unwrap();
+            let read = maps.read_small(&digest, &file, SMALL, 7).unwrap();
             assert_eq!(read.len() as u64, SMALL);
-            assert_eq!(maps.small(&digest), Some(read), "the newest is kept");
+            assert_eq!(maps.small(&digest, 7), Some(read), "the newest is kept");
         }
         let small = maps.small.lock().unwrap();
         assert!(
@@ -433,14 +447,31 @@ mod tests {
         );
         assert_eq!(
             small.total,
-            small.kept.values().map(Bytes::len).sum::<usize>()
+            small.kept.values().map(|(b, _)| b.len()).sum::<usize>()
         );
         assert_eq!(small.kept.len(), SMALL_TOTAL / SMALL as usize);
         drop(small);
 
         // A file shorter than it was said to be is an error, not a short blob kept.
         let (file, digest) = mapped_file(b"short");
-        assert!(maps.read_small(&digest, &file, 6).is_err());
-        assert_eq!(maps.small(&digest), None);
+        assert!(maps.read_small(&digest, &file, 6, 7).is_err());
+        assert_eq!(maps.small(&digest, 7), None);
+    }
+
+    #[test]
+    fn a_small_blob_is_trusted_present_only_while_nothing_left_the_store() {
+        let maps = BlobMaps::default();
+        let (file, digest) = mapped_file(b"tiny blob");
+        maps.read_small(&digest, &file, 9, 3).unwrap();
+        assert_eq!(
+            maps.small_unremoved(&digest, 3).as_deref(),
+            Some(&b"tiny blob"[..])
+        );
+        // A blob left the store since: it may have been this one.
+        assert_eq!(maps.small_unremoved(&digest, 4), None);
+        // Seen in the store again at 4: trusted again while the count stays there.
+        assert!(maps.small(&digest, 4).is_some());
+        assert!(maps.small_unremoved(&digest, 4).is_some());
+        assert_eq!(maps.small_unremoved(&digest, 5), None);
     }
 }

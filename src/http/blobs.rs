@@ -45,9 +45,14 @@ impl Content {
 }
 
 /// The blob's content: a small blob kept in memory as it is, else its file read whole
-/// (small) or mapped, on the blocking pool.
-async fn open(state: &AppState, digest: Digest) -> Result<std::io::Result<Content>, ApiError> {
-    if let Some(bytes) = state.blob_maps.small(&digest) {
+/// (small) or mapped, on the blocking pool. The caller saw the blob in the store with
+/// the store's removal count at `removals` before it looked.
+async fn open(
+    state: &AppState,
+    digest: Digest,
+    removals: u64,
+) -> Result<std::io::Result<Content>, ApiError> {
+    if let Some(bytes) = state.blob_maps.small(&digest, removals) {
         return Ok(Ok(Content::Small(bytes)));
     }
     let path = state.registry.blobs.path_of(&digest);
@@ -56,7 +61,7 @@ async fn open(state: &AppState, digest: Digest) -> Result<std::io::Result<Conten
         let file = std::fs::File::open(path)?;
         let len = file.metadata()?.len();
         Ok(if len <= SMALL {
-            Content::Small(maps.read_small(&digest, &file, len)?)
+            Content::Small(maps.read_small(&digest, &file, len, removals)?)
         } else {
             Content::Mapped(maps.map(&digest, &file, len)?, len)
         })
@@ -79,24 +84,9 @@ pub async fn get_blob(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let digest = Digest::from_hex(&hex_digits).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    // With an object store, a blob this server has not served before is filled first.
-    if !state.registry.local_blob(&digest).await? {
-        return Err(ApiError::NotFound(format!("no blob {digest}")));
-    }
-    let mut opened = open(&state, digest).await?;
-    // Evicted from the cache (or collected) between the fill and the open: fill again.
-    if matches!(&opened, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-        && state.registry.shared.is_some()
-        && state.registry.local_blob(&digest).await?
-    {
-        opened = open(&state, digest).await?;
-    }
-    let content = match opened {
-        Ok(content) => content,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ApiError::NotFound(format!("no blob {digest}")));
-        }
-        Err(e) => return Err(ApiError::Internal(e.to_string())),
+    let content = match kept_small(&state, &digest) {
+        Some(bytes) => Content::Small(bytes),
+        None => look_up(&state, digest).await?,
     };
     let len = content.len();
     let etag = format!("\"{digest}\"");
@@ -172,6 +162,43 @@ pub async fn get_blob(
         .header(header::CONTENT_LENGTH, count)
         .body(body)
         .expect("valid response"))
+}
+
+/// A small blob kept in memory that has not left the store since it was last seen
+/// there: no filesystem call. Only without an object store, whose cache also marks each
+/// blob it serves (its eviction order) on disk.
+fn kept_small(state: &AppState, digest: &Digest) -> Option<Bytes> {
+    if state.registry.shared.is_some() {
+        return None;
+    }
+    let removals = state.registry.blobs.removals();
+    state.blob_maps.small_unremoved(digest, removals)
+}
+
+/// The blob from the store: filled first from the object store, if there is one and this
+/// server has not served it before.
+async fn look_up(state: &AppState, digest: Digest) -> Result<Content, ApiError> {
+    let removals = state.registry.blobs.removals();
+    if !state.registry.local_blob(&digest).await? {
+        return Err(ApiError::NotFound(format!("no blob {digest}")));
+    }
+    let mut opened = open(state, digest, removals).await?;
+    // Evicted from the cache (or collected) between the fill and the open: fill again.
+    if matches!(&opened, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        && state.registry.shared.is_some()
+    {
+        let removals = state.registry.blobs.removals();
+        if state.registry.local_blob(&digest).await? {
+            opened = open(state, digest, removals).await?;
+        }
+    }
+    match opened {
+        Ok(content) => Ok(content),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ApiError::NotFound(format!("no blob {digest}")))
+        }
+        Err(e) => Err(ApiError::Internal(e.to_string())),
+    }
 }
 
 /// Streams `count` bytes from `start` of a blob's shared mapping in 1 MiB windows, each

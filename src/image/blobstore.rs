@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest as _, Sha256};
 
@@ -19,6 +20,10 @@ const TMP_PREFIX: &str = ".tmp-";
 pub struct BlobStore {
     dir: PathBuf,
     quarantine: PathBuf,
+    /// Counts blobs leaving the directory (collected, evicted, quarantined), bumped
+    /// before each goes: a reader that saw a blob there at count N knows it is there
+    /// still while the count is N, without asking the filesystem (`removals`).
+    removals: AtomicU64,
 }
 
 /// A blob being written: hashed as it is received.
@@ -63,7 +68,11 @@ impl BlobStore {
         let quarantine = data_dir.join("quarantine").join("sha256");
         fs::create_dir_all(&dir)?;
         fs::create_dir_all(&quarantine)?;
-        let store = Self { dir, quarantine };
+        let store = Self {
+            dir,
+            quarantine,
+            removals: AtomicU64::new(0),
+        };
         for entry in fs::read_dir(&store.dir)? {
             let entry = entry?;
             if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
@@ -83,6 +92,18 @@ impl BlobStore {
 
     pub fn contains(&self, digest: &Digest) -> bool {
         self.path_of(digest).is_file()
+    }
+
+    /// How many blobs have left the directory so far: a blob seen there when this was N
+    /// is there still while it is N. This store is the only remover of its blobs (one per
+    /// data directory, and every removal goes through it).
+    pub fn removals(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
+    }
+
+    /// Counted before the blob goes, so that no reader trusts an older sighting after.
+    fn removing(&self) {
+        self.removals.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Bytes an unprivileged writer may still put in the blob directory's filesystem.
@@ -159,6 +180,7 @@ impl BlobStore {
                 continue;
             }
             // Another fill may have evicted it first.
+            self.removing();
             match fs::remove_file(self.path_of(&digest)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -187,6 +209,7 @@ impl BlobStore {
             report.bytes += size;
             if actual != digest {
                 tracing::warn!(%digest, %actual, "blob content does not match its digest; quarantined");
+                self.removing();
                 fs::rename(&path, self.quarantine.join(digest.hex()))?;
                 report.quarantined.push(digest);
             }
@@ -205,6 +228,7 @@ impl BlobStore {
             }
             let path = self.path_of(&digest);
             bytes += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            self.removing();
             fs::remove_file(&path)?;
             removed.push(digest);
         }

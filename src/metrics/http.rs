@@ -9,11 +9,9 @@ use axum::response::Response;
 use super::Metrics;
 
 pub async fn track(State(metrics): State<Metrics>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = req.method().as_str().to_string();
+    // MatchedPath holds its template in an Arc: cloned, not copied.
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let method = req.method().clone();
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     // The length hyper will announce: a body of known size (a JSON answer, a blob or a
@@ -26,8 +24,8 @@ pub async fn track(State(metrics): State<Metrics>, req: Request, next: Next) -> 
         .or_else(|| response.body().size_hint().exact())
         .unwrap_or(0);
     metrics.http_request(
-        &route,
-        &method,
+        route.as_ref().map_or("unmatched", MatchedPath::as_str),
+        method.as_str(),
         response.status().as_u16(),
         bytes,
         started.elapsed().as_secs_f64(),

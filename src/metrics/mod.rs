@@ -48,16 +48,18 @@ pub mod phase {
     ];
 }
 
+/// Label values are `&'static str` so that counting a request allocates nothing: route
+/// templates are interned (`Inner::route_name`), methods and classes are constants.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
-    pub route: String,
-    pub method: String,
+    pub route: &'static str,
+    pub method: &'static str,
     pub code: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub route: String,
+    pub route: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,6 +115,8 @@ pub struct Inner {
     pub gpus: gpus::GpuTelemetry,
     pub tftp: Arc<TftpMetrics>,
     http_requests: Family<HttpLabels, Counter>,
+    /// Route templates seen, each leaked once (the router's, so a fixed set; capped).
+    routes_seen: std::sync::RwLock<std::collections::HashSet<&'static str>>,
     http_response_bytes: Family<RouteLabels, Counter>,
     http_seconds: HistogramFamily<RouteLabels>,
     boot_phase: HistogramFamily<PhaseLabels>,
@@ -176,13 +180,44 @@ const AUTH_REASONS: [&str; 5] = [
     AUTH_RATE_LIMITED,
 ];
 
+/// A request method as a label: the standard ones by name, any other as "other".
+fn method_name(method: &str) -> &'static str {
+    const STANDARD: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
+    ];
+    STANDARD
+        .into_iter()
+        .find(|m| *m == method)
+        .unwrap_or("other")
+}
+
 impl Inner {
+    /// `route` as a label value that lives as long as the process: interned on first
+    /// sight. Templates come from the router, a fixed set; past `MAX_LABEL_VALUES` of
+    /// them (a bug, not traffic) the rest count as "other".
+    fn route_name(&self, route: &str) -> &'static str {
+        if let Some(name) = self.routes_seen.read().expect("not poisoned").get(route) {
+            return name;
+        }
+        let mut seen = self.routes_seen.write().expect("not poisoned");
+        if let Some(name) = seen.get(route) {
+            return name;
+        }
+        if seen.len() >= MAX_LABEL_VALUES {
+            return "other";
+        }
+        let name: &'static str = Box::leak(route.to_owned().into_boxed_str());
+        seen.insert(name);
+        name
+    }
+
     fn empty() -> Self {
         Self {
             dhcp: Default::default(),
             gpus: Default::default(),
             tftp: Default::default(),
             http_requests: Default::default(),
+            routes_seen: Default::default(),
             http_response_bytes: Default::default(),
             http_seconds: Family::new_with_constructor(seconds),
             boot_phase: Family::new_with_constructor(seconds),
@@ -228,15 +263,14 @@ impl Metrics {
             400..=499 => "4xx",
             _ => "5xx",
         };
+        let route = self.0.route_name(route);
         let labels = HttpLabels {
-            route: route.to_string(),
-            method: method.to_string(),
+            route,
+            method: method_name(method),
             code,
         };
         self.0.http_requests.get_or_create(&labels).inc();
-        let route = RouteLabels {
-            route: route.to_string(),
-        };
+        let route = RouteLabels { route };
         self.0
             .http_response_bytes
             .get_or_create(&route)
@@ -468,5 +502,10 @@ mod tests {
         assert!(
             t.contains(r#"bootfleet_http_response_bytes_total{route="/api/v1/nodes/{mac}"} 100"#)
         );
+        m.http_request("/api/v1/nodes/{mac}", "BREW", 405, 0, 0.001);
+        assert!(
+            text(&m).contains(r#"bootfleet_http_requests_total{route="/api/v1/nodes/{mac}",method="other",code="4xx"} 1"#)
+        );
+        assert_eq!(m.0.routes_seen.read().unwrap().len(), 1, "interned once");
     }
 }
