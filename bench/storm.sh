@@ -12,6 +12,8 @@
 # its own leased address). LOSS_PERCENT drops that share of UDP in both directions
 # (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
 # FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
+# BOOTFLEET_ONLY=1: bootfleet's two runs and their ratio (dnsmasq, nginx and the HTTP
+# phase alone are skipped).
 # MAX_CONNECTIONS=N, KEEP_ALIVE=N: bootfleet's [http] max_connections and
 # keep_alive_connections (default: the server's).
 # METRICS=FILE: the server's /metrics after the full boot, written to FILE.
@@ -157,6 +159,7 @@ r = lambda phase, q: full[phase][q] / ref[phase][q]
 print(f"full boot / the reference's work only: ready p50 {r('ready', 'p50_ms'):.2f}x, p99 {r('ready', 'p99_ms'):.2f}x (goal <= 1.2); PXE DHCP p99 {r('dhcp-pxe', 'p99_ms'):.2f}x (goal <= 2)")
 PY
 stop_bootfleet
+[ -z "${BOOTFLEET_ONLY:-}" ] || exit 0
 
 # --- reference: dnsmasq (DHCP + TFTP) and nginx, the same bytes --------------------------
 cat >"$work/www/boot.ipxe" <<IPXE
