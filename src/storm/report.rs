@@ -63,19 +63,25 @@ pub struct Report {
     pub server: Option<ServerCost>,
 }
 
-/// Digits and addresses make every cause unique; strip them so causes group.
+/// Digits, addresses, digests and boot ids make every cause unique; strip them so causes
+/// group: a run of 8 or more hex digits becomes `H`, any other run of digits `N`.
 fn cause(why: &str) -> String {
+    let why: String = why.chars().take(160).collect();
     let mut out = String::with_capacity(why.len());
-    let mut in_number = false;
-    for c in why.chars().take(160) {
-        if c.is_ascii_digit() {
-            if !in_number {
-                out.push('N');
-            }
-            in_number = true;
+    let mut rest = why.as_str();
+    while let Some(c) = rest.chars().next() {
+        let hex_run = rest
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .unwrap_or(rest.len());
+        if hex_run >= 8 {
+            out.push('H');
+            rest = &rest[hex_run..];
+        } else if c.is_ascii_digit() {
+            out.push('N');
+            rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
         } else {
-            in_number = false;
             out.push(c);
+            rest = &rest[c.len_utf8()..];
         }
     }
     out
@@ -212,5 +218,21 @@ mod tests {
         assert_eq!(r.failures["tftp: no answer after N retries"], 2);
         assert_eq!(r.phases[&Phase::Ready].count, 1);
         assert!(r.to_string().contains("failed: 2 x tftp"));
+    }
+
+    #[test]
+    fn digests_and_boot_ids_do_not_split_a_cause() {
+        let url = |digest: &str, boot: &str| {
+            format!(
+                "error sending request for url (http://10.98.0.1:8080/blobs/sha256/{digest}?boot={boot})"
+            )
+        };
+        let a = cause(&url(&"4f".repeat(32), "0a1b2c3d4e5f6789"));
+        assert_eq!(a, cause(&url(&"c0".repeat(32), "9876543210fedcba")));
+        assert_eq!(
+            a,
+            "error sending request for url (http://N.N.N.N:N/blobs/shaN/H?boot=H)"
+        );
+        assert_eq!(cause("a bad cafe after 10 s"), "a bad cafe after N s");
     }
 }
