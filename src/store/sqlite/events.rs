@@ -11,6 +11,15 @@ use crate::clock::now_ms;
 use crate::store::rows;
 use crate::store::{EventStore, StoreError, WebhookStore};
 
+/// The event insert's SQL, a literal so that other writes can send it in one statement
+/// string with theirs (`nodes::insert_history`). Binds: at_ms, kind, mac, data, actor.
+macro_rules! insert_event_sql {
+    () => {
+        "INSERT INTO events (at_ms, kind, mac, data, actor) VALUES (?, ?, ?, ?, ?)"
+    };
+}
+pub(super) use insert_event_sql;
+
 pub(crate) async fn insert_event(
     conn: &mut sqlx::SqliteConnection,
     kind: &str,
@@ -18,7 +27,7 @@ pub(crate) async fn insert_event(
     data: &(impl serde::Serialize + Sync),
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO events (at_ms, kind, mac, data, actor) VALUES (?, ?, ?, ?, ?)")
+    sqlx::query(insert_event_sql!())
         .bind(at_ms)
         .bind(kind)
         .bind(mac.map(|m| m.to_string()))

@@ -25,28 +25,32 @@ pub(super) async fn insert_history(
     reason: &str,
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES (?, ?, ?, ?, ?, ?)")
-        .bind(mac.to_string())
-        .bind(from.map(NodeState::as_str))
-        .bind(to.as_str())
-        .bind(reason)
-        .bind(at_ms)
-        .bind(crate::audit::actor())
-        .execute(&mut *conn)
-        .await?;
     let data = crate::api::event::NodeStateData {
         from,
         to,
         reason: reason.to_string(),
     };
-    super::events::insert_event(
-        conn,
-        crate::api::event::kind::NODE_STATE,
-        Some(mac),
-        &data,
-        at_ms,
-    )
-    .await
+    let actor = crate::audit::actor();
+    // The history row and its event in one statement string: one round trip to the
+    // connection's thread, which a storm's state changes wait on inside the write gate.
+    sqlx::query(concat!(
+        "INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES (?, ?, ?, ?, ?, ?); ",
+        super::events::insert_event_sql!()
+    ))
+    .bind(mac.to_string())
+    .bind(from.map(NodeState::as_str))
+    .bind(to.as_str())
+    .bind(reason)
+    .bind(at_ms)
+    .bind(actor.clone())
+    .bind(at_ms)
+    .bind(crate::api::event::kind::NODE_STATE)
+    .bind(mac.to_string())
+    .bind(rows::event_data(&data)?)
+    .bind(actor)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Writes the row that belongs with a state change; false when the attestation was
