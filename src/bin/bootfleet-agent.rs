@@ -167,10 +167,11 @@ fn main() -> ExitCode {
             reqwest::Client::builder().tls_certs_only(trusted.clone())
         }
         .timeout(Duration::from_secs(30))
-        // Closed by us, idle, well before the server's keep-alive timeout (30 s, the
-        // default heartbeat period): a connection kept between heartbeats would hold one
-        // of the server's slots and race its close on the next heartbeat.
-        .pool_idle_timeout(Duration::from_secs(10))
+        // No connection kept between calls: they are seconds (the GPU checks between
+        // attest and validate) to a heartbeat period (30 s) apart, and a kept one would
+        // hold one of the server's connection slots meanwhile, while a storm's booting
+        // nodes wait for them (and race the server's keep-alive close at 30 s).
+        .pool_max_idle_per_host(0)
         .build()
         .expect("HTTP client builds"),
         servers: bootfleet_agent::run::Servers::new(&server, &p.servers),

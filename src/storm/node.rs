@@ -152,9 +152,15 @@ async fn run(
     power_on: Instant,
 ) -> Result<(), Failed> {
     let (url, leased) = pxe(segment, b, mac, r).await?;
-    let http = client(b.bind_leased.then_some(leased)).map_err(|e| Failed(Phase::Script, e))?;
-    match from_script(&http, &url, b, mac, cut, r, power_on).await? {
-        Some(booted) => heartbeats(&http, b, &booted, r).await,
+    let local = b.bind_leased.then_some(leased);
+    let http = client(local).map_err(|e| Failed(Phase::Script, e))?;
+    let agent_http = agent_client(local).map_err(|e| Failed(Phase::Attest, e))?;
+    let clients = Clients {
+        ipxe: &http,
+        agent: &agent_http,
+    };
+    match from_script(clients, &url, b, mac, cut, r, power_on).await? {
+        Some(booted) => heartbeats(&agent_http, b, &booted, r).await,
         None => Ok(()),
     }
 }
@@ -206,11 +212,25 @@ async fn pxe(
     Ok((url, bound.ip))
 }
 
-/// A node's HTTP client, sending from `local` when given.
+/// A node's HTTP client (iPXE's), sending from `local` when given.
 pub fn client(local: Option<std::net::Ipv4Addr>) -> Result<reqwest::Client, String> {
+    client_keeping(local, 1)
+}
+
+/// The node's agent's client: as `bootfleet-agent`'s, it keeps no connection between
+/// calls (they are seconds to a heartbeat period apart), so an agent holds none of the
+/// server's connection slots between them.
+pub fn agent_client(local: Option<std::net::Ipv4Addr>) -> Result<reqwest::Client, String> {
+    client_keeping(local, 0)
+}
+
+fn client_keeping(
+    local: Option<std::net::Ipv4Addr>,
+    idle: usize,
+) -> Result<reqwest::Client, String> {
     let mut http = crate::http_client::shared_roots_builder()?
         .timeout(Duration::from_secs(120))
-        .pool_max_idle_per_host(1);
+        .pool_max_idle_per_host(idle);
     if let Some(ip) = local {
         http = http.local_address(IpAddr::V4(ip));
     }
@@ -239,10 +259,27 @@ impl Booted {
     }
 }
 
+/// A node's two HTTP clients: iPXE's (scripts and downloads) and its agent's.
+#[derive(Clone, Copy)]
+pub(crate) struct Clients<'a> {
+    pub ipxe: &'a reqwest::Client,
+    pub agent: &'a reqwest::Client,
+}
+
+impl<'a> Clients<'a> {
+    /// One client for both (benchmarks whose nodes share a pool).
+    pub fn one(http: &'a reqwest::Client) -> Self {
+        Self {
+            ipxe: http,
+            agent: http,
+        }
+    }
+}
+
 /// From the boot script at `url` to validated: the script (and the one it chains to),
 /// kernel and initrds, attest, validate. None when the behaviour has no agent.
 pub(crate) async fn from_script(
-    http: &reqwest::Client,
+    clients: Clients<'_>,
     url: &str,
     b: &Behaviour,
     mac: [u8; 6],
@@ -250,6 +287,7 @@ pub(crate) async fn from_script(
     r: &mut NodeResult,
     power_on: Instant,
 ) -> Result<Option<Booted>, Failed> {
+    let http = clients.ipxe;
     // The script: the entry script chains to the node's own.
     let t = Instant::now();
     let mut script = get_text(http, url, r)
@@ -298,7 +336,7 @@ pub(crate) async fn from_script(
         .unwrap_or_default();
     let servers = Servers::new(&arg("server")?, &others);
     let agent = Agent {
-        http,
+        http: clients.agent,
         servers: &servers,
         token: arg("token")?,
         boot: arg("boot")?,

@@ -13,7 +13,7 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::node::{Behaviour, NodeResult, client, from_script, heartbeat};
+use super::node::{Behaviour, Clients, NodeResult, client, from_script, heartbeat};
 use super::setup::{mac, mac_string, noise, publish};
 use crate::api::agent::NextAction;
 use crate::api::event::{Event, EventPage};
@@ -106,7 +106,16 @@ async fn node(
             }
             first = false;
             let mut r = NodeResult::default();
-            let booted = match from_script(&http, &url, &b, m, false, &mut r, Instant::now()).await
+            let booted = match from_script(
+                Clients::one(&http),
+                &url,
+                &b,
+                m,
+                false,
+                &mut r,
+                Instant::now(),
+            )
+            .await
             {
                 Ok(Some(booted)) => booted,
                 Ok(None) | Err(_) => {
