@@ -54,18 +54,20 @@ pub fn ca_config(pem: &str) -> Result<rustls::ClientConfig, String> {
 /// pay thousands of times (it was a fifth of the storm simulator's CPU).
 pub fn system_roots() -> Result<rustls::ClientConfig, String> {
     use rustls_platform_verifier::BuilderVerifierExt as _;
-    static SHARED: std::sync::OnceLock<Result<rustls::ClientConfig, String>> =
-        std::sync::OnceLock::new();
-    SHARED
-        .get_or_init(|| {
-            Ok(rustls::ClientConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
-                .with_platform_verifier()
-                .map_err(|e| format!("the system's roots of trust: {e}"))?
-                .with_no_client_auth())
-        })
-        .clone()
+    // Only a success is kept: a system without its CA bundle yet is asked again next
+    // time. The roots are those of the first success (a CA bundle updated later is read
+    // by the next process).
+    static SHARED: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    if let Some(config) = SHARED.get() {
+        return Ok(config.clone());
+    }
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_platform_verifier()
+        .map_err(|e| format!("the system's roots of trust: {e}"))?
+        .with_no_client_auth();
+    Ok(SHARED.get_or_init(|| config).clone())
 }
 
 /// A client builder that trusts the system's roots, from the shared configuration.

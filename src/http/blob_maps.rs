@@ -161,19 +161,11 @@ impl BlobMaps {
         Ok(Mapped(blob))
     }
 
-    /// The small blob `digest`'s bytes, when they are kept. The caller has just seen
-    /// the blob in the store, with the store's removal count at `removals` before it
-    /// looked (a collected blob's bytes may linger here a while).
-    pub fn small(&self, digest: &Digest, removals: u64) -> Option<Bytes> {
-        let mut small = self.small.lock().expect("not poisoned");
-        let (bytes, seen) = small.kept.get_mut(digest)?;
-        *seen = removals;
-        Some(bytes.clone())
-    }
-
     /// The small blob `digest`'s bytes when they are kept and no blob has left the store
-    /// since it was last seen there (`removals` is the store's count now): then it is
-    /// there still, and a request needs no look at the filesystem.
+    /// since they were read (`removals` is the store's count now): then the file is
+    /// there still, and the same file, and a request needs no look at the filesystem. After
+    /// any removal the bytes are read again: the blob may have been quarantined and
+    /// published anew, and the kept copy may be the damaged one.
     pub fn small_unremoved(&self, digest: &Digest, removals: u64) -> Option<Bytes> {
         let small = self.small.lock().expect("not poisoned");
         match small.kept.get(digest) {
@@ -437,7 +429,11 @@ mod tests {
             let (file, digest) = mapped_file(&bytes);
             let read = maps.read_small(&digest, &file, SMALL, 7).unwrap();
             assert_eq!(read.len() as u64, SMALL);
-            assert_eq!(maps.small(&digest, 7), Some(read), "the newest is kept");
+            assert_eq!(
+                maps.small_unremoved(&digest, 7),
+                Some(read),
+                "the newest is kept"
+            );
         }
         let small = maps.small.lock().unwrap();
         assert!(
@@ -455,7 +451,7 @@ mod tests {
         // A file shorter than it was said to be is an error, not a short blob kept.
         let (file, digest) = mapped_file(b"short");
         assert!(maps.read_small(&digest, &file, 6, 7).is_err());
-        assert_eq!(maps.small(&digest, 7), None);
+        assert_eq!(maps.small_unremoved(&digest, 7), None);
     }
 
     #[test]
@@ -469,8 +465,8 @@ mod tests {
         );
         // A blob left the store since: it may have been this one.
         assert_eq!(maps.small_unremoved(&digest, 4), None);
-        // Seen in the store again at 4: trusted again while the count stays there.
-        assert!(maps.small(&digest, 4).is_some());
+        // Read again at 4: trusted again while the count stays there.
+        maps.read_small(&digest, &file, 9, 4).unwrap();
         assert!(maps.small_unremoved(&digest, 4).is_some());
         assert_eq!(maps.small_unremoved(&digest, 5), None);
     }

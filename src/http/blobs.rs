@@ -44,15 +44,16 @@ impl Content {
     }
 }
 
-/// The blob's content: a small blob kept in memory as it is, else its file read whole
-/// (small) or mapped, on the blocking pool. The caller saw the blob in the store with
-/// the store's removal count at `removals` before it looked.
+/// The blob's content: a small blob kept in memory and read since the store's last
+/// removal as it is, else its file read whole (small) or mapped, on the blocking pool.
+/// The caller saw the blob in the store with the store's removal count at `removals`
+/// before it looked.
 async fn open(
     state: &AppState,
     digest: Digest,
     removals: u64,
 ) -> Result<std::io::Result<Content>, ApiError> {
-    if let Some(bytes) = state.blob_maps.small(&digest, removals) {
+    if let Some(bytes) = state.blob_maps.small_unremoved(&digest, removals) {
         return Ok(Ok(Content::Small(bytes)));
     }
     let path = state.registry.blobs.path_of(&digest);

@@ -37,7 +37,8 @@ struct Batch {
     id: u64,
     conn: PoolConnection<Sqlite>,
     ended: watch::Sender<Outcome>,
-    /// Writers whose savepoints were released into the batch.
+    /// Writers whose writes joined the batch (committed into it, savepoint released or
+    /// not yet).
     members: usize,
     /// Nodes whose rows the batch wrote: out of the DHCP cache once it commits, by the
     /// closer, so that a writer whose caller went away still leaves no stale entry.
@@ -81,8 +82,8 @@ impl std::fmt::Debug for GroupCommit {
     }
 }
 
-/// One writer's part of a batch: open (between `SAVEPOINT` and `RELEASE`) until committed
-/// or dropped; holds the gate until then.
+/// One writer's part of a batch: open (inside its `SAVEPOINT`) until committed or
+/// dropped; holds the gate until then.
 pub(crate) struct WriteTx {
     /// None once committed (or handed to the rollback task).
     gate: Option<OwnedMutexGuard<Open>>,
@@ -155,12 +156,16 @@ impl GroupCommit {
         } else {
             "SAVEPOINT member"
         };
+        // Cleared before the trip: a begin dropped mid-way may have run the RELEASE and
+        // not the SAVEPOINT, and a RELEASE owed twice would fail and end the batch. Left
+        // unreleased instead, the earlier savepoint is an outer one that commits with the
+        // batch, and the next writer's rolls back only into its own.
+        batch.release_owed = false;
         if let Err(e) = sqlx::query(open).execute(&mut *batch.conn).await {
             // The batch's connection is broken: end it for everyone in it.
             let batch = gate.0.take().expect("open");
             return Err(end_broken(batch, e));
         }
-        batch.release_owed = false;
         let ended = batch.ended.subscribe();
         Ok(WriteTx {
             gate: Some(gate),
