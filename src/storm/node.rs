@@ -276,6 +276,18 @@ impl<'a> Clients<'a> {
     }
 }
 
+/// `from_script` for benchmarks whose nodes share one client, no download cut, timed
+/// from now.
+pub(crate) async fn from_script_shared(
+    http: &reqwest::Client,
+    url: &str,
+    b: &Behaviour,
+    mac: [u8; 6],
+    r: &mut NodeResult,
+) -> Result<Option<Booted>, Failed> {
+    from_script(Clients::one(http), url, b, mac, false, r, Instant::now()).await
+}
+
 /// From the boot script at `url` to validated: the script (and the one it chains to),
 /// kernel and initrds, attest, validate. None when the behaviour has no agent.
 pub(crate) async fn from_script(

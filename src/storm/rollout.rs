@@ -13,7 +13,7 @@ use anyhow::Context;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::node::{Behaviour, Clients, NodeResult, client, from_script, heartbeat};
+use super::node::{Behaviour, NodeResult, client, from_script_shared, heartbeat};
 use super::setup::{mac, mac_string, noise, publish};
 use crate::api::agent::NextAction;
 use crate::api::event::{Event, EventPage};
@@ -106,17 +106,7 @@ async fn node(
             }
             first = false;
             let mut r = NodeResult::default();
-            let booted = match from_script(
-                Clients::one(&http),
-                &url,
-                &b,
-                m,
-                false,
-                &mut r,
-                Instant::now(),
-            )
-            .await
-            {
+            let booted = match from_script_shared(&http, &url, &b, m, &mut r).await {
                 Ok(Some(booted)) => booted,
                 Ok(None) | Err(_) => {
                     failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

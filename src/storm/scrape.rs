@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::node::{Behaviour, Clients, NodeResult, client, from_script, heartbeat};
+use super::node::{Behaviour, NodeResult, client, from_script_shared, heartbeat};
 use super::setup::{mac, mac_string};
 
 #[derive(Debug, Clone)]
@@ -66,17 +66,7 @@ async fn boot_once(http: reqwest::Client, base: String, i: u32, b: Behaviour) ->
         mac_string(m).replace(':', "-")
     );
     let mut r = NodeResult::default();
-    match from_script(
-        Clients::one(&http),
-        &url,
-        &b,
-        m,
-        false,
-        &mut r,
-        Instant::now(),
-    )
-    .await
-    {
+    match from_script_shared(&http, &url, &b, m, &mut r).await {
         Ok(Some(booted)) => heartbeat(&http, &b, &booted, &mut r).await.is_ok(),
         _ => false,
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::node::{Behaviour, Booted, Clients, NodeResult, client, from_script, heartbeat};
+use super::node::{Behaviour, Booted, NodeResult, client, from_script_shared, heartbeat};
 use super::setup::{mac, mac_string};
 
 #[derive(Debug, Clone)]
@@ -91,18 +91,10 @@ async fn boot_once(http: reqwest::Client, base: String, i: u32, b: Behaviour) ->
         mac_string(m).replace(':', "-")
     );
     let mut r = NodeResult::default();
-    from_script(
-        Clients::one(&http),
-        &url,
-        &b,
-        m,
-        false,
-        &mut r,
-        Instant::now(),
-    )
-    .await
-    .ok()
-    .flatten()
+    from_script_shared(&http, &url, &b, m, &mut r)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// One phase: every node heartbeats once an interval, spread evenly over it.
