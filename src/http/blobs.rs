@@ -165,9 +165,9 @@ pub async fn get_blob(
         .expect("valid response"))
 }
 
-/// A small blob kept in memory that has not left the store since it was last seen
-/// there: no filesystem call. Only without an object store, whose cache also marks each
-/// blob it serves (its eviction order) on disk.
+/// A small blob kept in memory and read since the store's last removal: no filesystem
+/// call. Only without an object store, whose cache also marks each blob it serves (its
+/// eviction order) on disk.
 fn kept_small(state: &AppState, digest: &Digest) -> Option<Bytes> {
     if state.registry.shared.is_some() {
         return None;
