@@ -178,11 +178,14 @@ impl GroupCommit {
     /// wrote in between), and its closer queues at the gate behind the writers already
     /// there.
     async fn open_batch(self: &Arc<Self>, pool: &SqlitePool) -> Result<Batch, StoreError> {
-        let mut conn = pool.acquire().await?;
-        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-            conn.close_on_drop();
-            return Err(e.into());
-        }
+        // Closed, not given back to the pool, unless BEGIN is known to have run or not:
+        // a caller that goes away while it is in flight (a client disconnecting) would
+        // otherwise leave a connection in the pool inside a transaction, holding SQLite's
+        // write lock, and every later BEGIN IMMEDIATE waiting out the busy timeout.
+        let mut opening = Opening(Some(pool.acquire().await?));
+        let conn = opening.0.as_mut().expect("set above");
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut **conn).await?;
+        let conn = opening.0.take().expect("set above");
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         Ok(Batch {
             id,
@@ -259,6 +262,18 @@ async fn roll_back_member(gate: &mut OwnedMutexGuard<Open>) {
         Err(e) => {
             let batch = gate.0.take().expect("open");
             let _ = end_broken(batch, e);
+        }
+    }
+}
+
+/// A connection on its way into a batch: closed (SQLite rolls back on close) if dropped
+/// before it got there.
+struct Opening(Option<PoolConnection<Sqlite>>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
         }
     }
 }
@@ -527,6 +542,87 @@ mod tests {
         first.commit().await.unwrap();
         assert_eq!(second.await.unwrap(), (1, 1));
         assert_eq!(rows(&pool).await, vec![1]);
+    }
+
+    /// Callers going away at any point (clients disconnecting) while writers and
+    /// readers share the pool: the gate must keep moving. A writer cancelled
+    /// while its batch's BEGIN was in flight had left a connection in the pool inside a
+    /// transaction, and every later BEGIN IMMEDIATE waited out the busy timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writers_going_away_at_any_point_never_wedge_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(100_000, Default::default());
+        let next = Arc::new(AtomicU64::new(1000));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let tasks: Vec<_> = (0..64)
+            .map(|t| {
+                let (group, pool, next) = (group.clone(), pool.clone(), next.clone());
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while std::time::Instant::now() < deadline {
+                        i += 1;
+                        let n = next.fetch_add(1, Ordering::Relaxed) as i64;
+                        let cancel_after = std::time::Duration::from_micros((i * 37 + t) % 400);
+                        let work = async {
+                            let _ = insert(&group, &pool, n).await;
+                            // Readers on the same pool, as node_after_write does.
+                            let _: Option<(i64,)> = sqlx::query_as("SELECT n FROM t WHERE n = ?")
+                                .bind(n)
+                                .fetch_optional(&pool)
+                                .await
+                                .unwrap();
+                        };
+                        if i.is_multiple_of(4) {
+                            let _ = tokio::time::timeout(cancel_after, work).await;
+                        } else {
+                            work.await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            if tokio::time::timeout(std::time::Duration::from_secs(20), t)
+                .await
+                .is_err()
+            {
+                let gate = group.gate.try_lock();
+                panic!(
+                    "a writer wedged: gate held {}, open batch {:?}, waiting {}, pool size {} idle {}",
+                    gate.is_err(),
+                    gate.as_ref().ok().map(|g| g.0.as_ref().map(|b| (
+                        b.id,
+                        b.members,
+                        b.release_owed,
+                        b.rollback_owed,
+                        b.closer.is_finished()
+                    ))),
+                    group.waiting(),
+                    pool.size(),
+                    pool.num_idle()
+                );
+            }
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), insert(&group, &pool, 1))
+            .await
+            .expect("the gate wedged")
+            .unwrap();
+        // No connection was left inside a transaction: with the gate idle, another
+        // connection takes the write lock at once.
+        assert!(group.gate.lock().await.0.is_none(), "a batch left open");
+        use sqlx::ConnectOptions;
+        let mut other = SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .busy_timeout(std::time::Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .expect("a pooled connection holds the write lock");
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
