@@ -178,8 +178,8 @@ impl GroupCommit {
     /// wrote in between), and its closer queues at the gate behind the writers already
     /// there.
     async fn open_batch(self: &Arc<Self>, pool: &SqlitePool) -> Result<Batch, StoreError> {
-        // Closed, not given back to the pool, unless BEGIN is known to have run or not:
-        // a caller that goes away while it is in flight (a client disconnecting) would
+        // Closed rather than given back to the pool unless it makes it into the batch: a
+        // caller that goes away while BEGIN is in flight (a client disconnecting) would
         // otherwise leave a connection in the pool inside a transaction, holding SQLite's
         // write lock, and every later BEGIN IMMEDIATE waiting out the busy timeout.
         let mut opening = Opening(Some(pool.acquire().await?));
@@ -544,10 +544,10 @@ mod tests {
         assert_eq!(rows(&pool).await, vec![1]);
     }
 
-    /// Callers going away at any point (clients disconnecting) while writers and
-    /// readers share the pool: the gate must keep moving. A writer cancelled
-    /// while its batch's BEGIN was in flight had left a connection in the pool inside a
-    /// transaction, and every later BEGIN IMMEDIATE waited out the busy timeout.
+    /// Callers going away at any point (clients disconnecting) while writers and readers
+    /// share the pool: the gate must keep moving. A writer cancelled while its batch's
+    /// BEGIN was in flight had left a connection in the pool inside a transaction, and
+    /// every later BEGIN IMMEDIATE waited out the busy timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writers_going_away_at_any_point_never_wedge_the_gate() {
         let dir = tempfile::tempdir().unwrap();
