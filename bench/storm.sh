@@ -81,11 +81,15 @@ PY
 }
 srv() { ip netns exec $SRV "$@"; }
 # udp_drops: datagrams each namespace's kernel dropped for a full receive or send buffer
-# since the namespaces were made (Udp: InErrors RcvbufErrors SndbufErrors).
+# since the namespaces were made (Udp: InErrors RcvbufErrors SndbufErrors), and the
+# server's TCP connections dropped for a full accept queue (TcpExt).
 udp_drops() {
   for ns in $SRV $SIM; do
     ip netns exec "$ns" awk -v ns="$ns" '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) k[i] = $i; h = 1 } else for (i = 1; i <= NF; i++) if (k[i] ~ /InErrors|RcvbufErrors|SndbufErrors/) printf "%s%s %s=%s", (n++ ? "," : "  udp drops " ns ":"), "", k[i], $i } END { print "" }' /proc/net/snmp
   done
+  # Connections the server's kernel refused for a full accept queue (each costs its node
+  # a SYN retransmission: 1 s, 3 s, 7 s, 15 s, 31 s after the first).
+  ip netns exec $SRV awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) k[i] = $i; h = 1 } else for (i = 1; i <= NF; i++) if (k[i] ~ /^(ListenOverflows|ListenDrops|TCPReqQFullDrop)$/) printf "%s%s=%s", (n++ ? ", " : "  tcp listen drops " ns ": "), k[i], $i } END { print "" }' ns=$SRV /proc/net/netstat
 }
 
 # --- bootfleet -------------------------------------------------------------------------
@@ -152,6 +156,7 @@ echo "== bootfleet, the reference's work only (no agent API): DHCP -> TFTP -> DH
 sim storm --nodes "$nodes" --interface bfs1 --ramp "$ramp" --bind-leased --no-agent --measure-pid "$BF_PID" \
   --output json >"$work/bf-noagent.json"
 summary "$work/bf-noagent.json"
+udp_drops # counted since the namespaces were made: less the full run's above
 python3 - "$work/bf.json" "$work/bf-noagent.json" <<'PY'
 import json, sys
 full, ref = (json.load(open(p))['phases'] for p in sys.argv[1:3])

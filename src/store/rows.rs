@@ -49,11 +49,22 @@ pub(crate) type NodeRow = (
     Option<String>,
 );
 
+/// The columns `NodeRow` holds, in its order.
+macro_rules! node_columns {
+    () => {
+        "mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc"
+    };
+}
+
+pub(crate) use node_columns;
+
 /// The columns `NodeRow` holds, for `SELECT`s of both backends.
 macro_rules! select_nodes {
     ($rest:literal) => {
         concat!(
-            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc FROM nodes ",
+            "SELECT ",
+            $crate::store::rows::node_columns!(),
+            " FROM nodes ",
             $rest
         )
     };
@@ -65,7 +76,9 @@ pub(crate) use select_nodes;
 macro_rules! select_nodes_and {
     ($column:literal, $rest:literal) => {
         concat!(
-            "SELECT mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc, ",
+            "SELECT ",
+            $crate::store::rows::node_columns!(),
+            ", ",
             $column,
             " FROM nodes ",
             $rest

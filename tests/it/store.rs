@@ -685,12 +685,56 @@ async fn every_write_is_seen_by_the_next_dhcp_read(db: Db) {
         )
         .await
         .unwrap();
-    assert!(matches!(outcome, CasOutcome::Done(_)), "{outcome:?}");
-    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
-    assert_eq!(seen.state, NodeState::Quarantined);
-    store.discover(&mac, Some("uuid-2"), "test").await.unwrap();
+    // The answer is the row as written, and the cache holds the same.
+    let CasOutcome::Done(written) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let stored = store.node(&mac).await.unwrap().unwrap();
+    assert_eq!(*written, stored);
+    assert_eq!(stored.state, NodeState::Quarantined);
+    assert_eq!(stored.version, seen.version + 1);
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), stored);
+    // Two changes in a row: the cache has the last.
+    for (from, to) in [
+        (NodeState::Quarantined, NodeState::Discovered),
+        (NodeState::Discovered, NodeState::Quarantined),
+    ] {
+        let at = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+        let outcome = store
+            .set_state(&mac, at.version, from, to, "test", None)
+            .await
+            .unwrap();
+        assert!(matches!(outcome, CasOutcome::Done(_)), "{outcome:?}");
+    }
+    let stored = store.node(&mac).await.unwrap().unwrap();
+    assert_eq!(stored.version, seen.version + 3);
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), stored);
+    // A stale version changes nothing.
+    let outcome = store
+        .set_state(
+            &mac,
+            seen.version,
+            stored.state,
+            NodeState::Ready,
+            "test",
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CasOutcome::Stale), "{outcome:?}");
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), stored);
+    // The first UUID a known node offers is kept; a later one is not its word.
+    let (found, new) = store.discover(&mac, Some("uuid-2"), "test").await.unwrap();
+    assert!(!new);
+    assert_eq!(found.uuid.as_deref(), Some("uuid-2"));
     let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
     assert_eq!(seen.uuid.as_deref(), Some("uuid-2"));
+    let (found, new) = store.discover(&mac, Some("uuid-3"), "test").await.unwrap();
+    assert!(!new);
+    assert_eq!(found.uuid.as_deref(), Some("uuid-2"));
+    let (found, new) = store.discover(&mac, None, "test").await.unwrap();
+    assert!(!new);
+    assert_eq!(found, store.node(&mac).await.unwrap().unwrap());
     store.close().await;
 }
 

@@ -27,7 +27,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::node_cache::NodeCache;
 use crate::api::Mac;
-use crate::store::StoreError;
+use crate::store::{NodeRecord, StoreError};
 
 /// What a batch's members learn when it ends: committed, or the commit's error.
 type Outcome = Option<Result<(), Arc<sqlx::Error>>>;
@@ -40,9 +40,12 @@ struct Batch {
     /// Writers whose writes joined the batch (committed into it, savepoint released or
     /// not yet).
     members: usize,
-    /// Nodes whose rows the batch wrote: out of the DHCP cache once it commits, by the
-    /// closer, so that a writer whose caller went away still leaves no stale entry.
-    touched: Vec<Mac>,
+    /// Nodes whose rows the batch wrote, in the order written, each with its row as
+    /// written when the writer had it: once the batch commits, the closer drops each from
+    /// the DHCP cache and keeps the row of its last write if that write gave one (so a
+    /// writer whose caller went away still leaves no stale entry, and a state change
+    /// needs no read after its commit).
+    touched: Vec<(Mac, Option<NodeRecord>)>,
     /// The task that commits it. Finished with the batch still open means it was
     /// dropped unrun (its runtime stopping): the next writer starts another.
     closer: tokio::task::JoinHandle<()>,
@@ -230,15 +233,30 @@ impl GroupCommit {
                 conn.close_on_drop();
             }
         } else {
-            for mac in &touched {
-                self.node_cache.invalidate(mac);
-            }
+            keep_written(&self.node_cache, touched);
             self.batches.fetch_add(1, Ordering::Relaxed);
             self.members.fetch_add(members as u64, Ordering::Relaxed);
         }
         drop(conn);
         drop(gate);
         ended.send_replace(Some(done.map(|_| ()).map_err(Arc::new)));
+    }
+}
+
+/// After a commit, under the gate (no other batch commits meanwhile): every node the
+/// batch wrote leaves the cache, then the row of each node's last write comes back where
+/// that write gave one. A reader that raced the commit cannot fill over it: the
+/// invalidations moved the epoch its read started at.
+fn keep_written(cache: &NodeCache, touched: Vec<(Mac, Option<NodeRecord>)>) {
+    let mut last: std::collections::HashMap<Mac, Option<NodeRecord>> =
+        std::collections::HashMap::with_capacity(touched.len());
+    for (mac, row) in touched {
+        cache.invalidate(&mac);
+        last.insert(mac, row);
+    }
+    let epoch = cache.epoch();
+    for row in last.into_values().flatten() {
+        cache.fill(epoch, &row);
     }
 }
 
@@ -308,10 +326,22 @@ impl WriteTx {
     /// `commit`, and `mac`'s entry in the DHCP node cache dropped when the batch commits
     /// (by the batch's closer, whatever becomes of this caller).
     pub(crate) async fn commit_touching(mut self, mac: &Mac) -> Result<(), StoreError> {
+        self.touch(*mac, None);
+        self.commit().await
+    }
+
+    /// `commit_touching` for a writer that has its node's row as it wrote it (`RETURNING`):
+    /// the cache keeps that row once the batch commits, unless a later writer in the
+    /// batch wrote the node too.
+    pub(crate) async fn commit_writing(mut self, node: &NodeRecord) -> Result<(), StoreError> {
+        self.touch(node.mac, Some(node.clone()));
+        self.commit().await
+    }
+
+    fn touch(&mut self, mac: Mac, row: Option<NodeRecord>) {
         let gate = self.gate.as_mut().expect("open until committed");
         let batch = gate.0.as_mut().expect("open while a member holds the gate");
-        batch.touched.push(*mac);
-        self.commit().await
+        batch.touched.push((mac, row));
     }
 
     /// Gives up this writer's writes (back to its savepoint) and waits for the batch
@@ -395,6 +425,56 @@ impl std::ops::DerefMut for WriteTx {
 mod tests {
     use super::*;
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    fn record(mac: &str, version: i64) -> NodeRecord {
+        NodeRecord {
+            mac: mac.parse().unwrap(),
+            uuid: None,
+            hostname: None,
+            labels: Default::default(),
+            assigned: None,
+            state: crate::api::NodeState::Discovered,
+            state_reason: String::new(),
+            version,
+            created_at: String::new(),
+            updated_at: String::new(),
+            bmc: None,
+        }
+    }
+
+    #[test]
+    fn a_commit_keeps_each_nodes_last_written_row_and_drops_the_rest() {
+        let cache = NodeCache::default();
+        let (a, b) = (
+            record("02:00:00:00:00:0a", 1),
+            record("02:00:00:00:00:0b", 1),
+        );
+        cache.fill(cache.epoch(), &a);
+        cache.fill(cache.epoch(), &b);
+        // A reader that started before the commit and read the old rows.
+        let raced = cache.epoch();
+        let (a2, a3) = (
+            record("02:00:00:00:00:0a", 2),
+            record("02:00:00:00:00:0a", 3),
+        );
+        let b2 = record("02:00:00:00:00:0b", 2);
+        keep_written(
+            &cache,
+            vec![
+                (a.mac, Some(a2)),
+                (b.mac, Some(b2)),
+                (a.mac, Some(a3.clone())),
+                // A later write without its row: b's row is no longer known.
+                (b.mac, None),
+            ],
+        );
+        assert_eq!(cache.get(&a.mac), Some(a3.clone()));
+        assert_eq!(cache.get(&b.mac), None);
+        cache.fill(raced, &a);
+        cache.fill(raced, &b);
+        assert_eq!(cache.get(&a.mac), Some(a3));
+        assert_eq!(cache.get(&b.mac), None);
+    }
 
     async fn pool(dir: &tempfile::TempDir) -> SqlitePool {
         let options = SqliteConnectOptions::new()

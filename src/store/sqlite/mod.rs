@@ -69,8 +69,12 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        // No ping before each acquire: a local file has no far end to hang up, and for
+        // SQLite each ping is a round trip to the connection's thread (two context
+        // switches) on every query (sqlx still pings once on release).
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
@@ -78,6 +82,7 @@ impl SqliteStore {
         // lock (WAL lets them read alongside it); for the DHCP path.
         let read_pool = SqlitePoolOptions::new()
             .max_connections(2)
+            .test_before_acquire(false)
             .connect_with(
                 SqliteConnectOptions::new()
                     .filename(path)

@@ -200,6 +200,13 @@ impl NodeStore for SqliteStore {
         reason: &str,
         cap: Option<i64>,
     ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
+        // A node already known, whose UUID is kept or not offered, would be written to
+        // for nothing: every DHCP exchange and boot script of a known node asks.
+        if let Some(node) = self.node_cache.get(mac)
+            && (uuid.is_none() || node.uuid.is_some())
+        {
+            return Ok(Some((node, false)));
+        }
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         if let Some(cap) = cap {
@@ -219,41 +226,48 @@ impl NodeStore for SqliteStore {
                 }
             }
         }
-        let inserted = sqlx::query(
+        let inserted: Option<NodeRow> = sqlx::query_as(concat!(
             "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
-             VALUES (?, ?, '{}', ?, ?, 1, ?, ?) ON CONFLICT (mac) DO NOTHING",
-        )
+             VALUES (?, ?, '{}', ?, ?, 1, ?, ?) ON CONFLICT (mac) DO NOTHING RETURNING ",
+            rows::node_columns!()
+        ))
         .bind(mac.to_string())
         .bind(uuid)
         .bind(NodeState::Discovered.as_str())
         .bind(reason)
         .bind(now)
         .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if inserted {
-            insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
-        } else if let Some(uuid) = uuid {
-            // Firmware may send the UUID only on some boots: the first one seen is kept.
-            // Anyone on the boot network can ask for a script, so a later, different one
-            // is not the node's word (the service logs it).
-            sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND uuid IS NULL")
-                .bind(uuid)
-                .bind(mac.to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit_touching(mac).await?;
-        if inserted {
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (row, is_new) = match inserted {
+            Some(row) => {
+                insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
+                (row, true)
+            }
+            None => {
+                if let Some(uuid) = uuid {
+                    // Firmware may send the UUID only on some boots: the first one seen is
+                    // kept. Anyone on the boot network can ask for a script, so a later,
+                    // different one is not the node's word (the service logs it).
+                    sqlx::query("UPDATE nodes SET uuid = ? WHERE mac = ? AND uuid IS NULL")
+                        .bind(uuid)
+                        .bind(mac.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                let row: NodeRow = sqlx::query_as(select_nodes!("WHERE mac = ?"))
+                    .bind(mac.to_string())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                (row, false)
+            }
+        };
+        let node = rows::node(row)?;
+        tx.commit_writing(&node).await?;
+        if is_new {
             self.notify_events();
         }
-        let node = self
-            .node_after_write(mac)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
-        Ok(Some((node, inserted)))
+        Ok(Some((node, is_new)))
     }
     /// Sets what `mac` boots; the node is recorded first if it was unknown.
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
@@ -338,22 +352,24 @@ impl NodeStore for SqliteStore {
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        let changed = sqlx::query(
+        // The row as written comes back with the write: no read after the commit.
+        let written: Option<NodeRow> = sqlx::query_as(concat!(
             "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
-             WHERE mac = ? AND version = ?",
-        )
+             WHERE mac = ? AND version = ? RETURNING ",
+            rows::node_columns!()
+        ))
         .bind(to.as_str())
         .bind(reason)
         .bind(now)
         .bind(mac.to_string())
         .bind(version)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed == 0 {
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(written) = written else {
             tx.abandon().await?;
             return Ok(CasOutcome::Stale);
-        }
+        };
+        let node = rows::node(written)?;
         if let Some(with) = with
             && !write_attached(&mut tx, mac, with, now).await?
         {
@@ -361,12 +377,8 @@ impl NodeStore for SqliteStore {
             return Ok(CasOutcome::AlreadyAttested);
         }
         insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
-        tx.commit_touching(mac).await?;
+        tx.commit_writing(&node).await?;
         self.notify_events();
-        let node = self
-            .node_after_write(mac)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         Ok(CasOutcome::Done(Box::new(node)))
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
