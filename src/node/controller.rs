@@ -72,7 +72,16 @@ impl NodeController {
         self
     }
 
-    /// The node as stored now; each compare-and-set loop starts from it.
+    /// The node as the store keeps it in memory where it does (`node_for_dhcp`), else
+    /// as `current`: where a compare-and-set loop starts.
+    async fn cached(&self, mac: &Mac) -> Result<NodeRecord, ControlError> {
+        match self.store.node_for_dhcp(mac).await? {
+            Some(node) => Ok(node),
+            None => self.current(mac).await,
+        }
+    }
+
+    /// The node as stored now; a compare-and-set loop's retries start from it.
     async fn current(&self, mac: &Mac) -> Result<NodeRecord, ControlError> {
         self.store
             .node(mac)
@@ -127,9 +136,25 @@ impl NodeController {
     ) -> Result<NodeRecord, ControlError> {
         let _writing = self.metrics.state_change_started();
         let started = std::time::Instant::now();
+        // The first try starts from the cached record (SQLite keeps it current as of the
+        // last commit: no read); the write is compare-and-set on its version, so a
+        // record that was out of date costs a retry from a fresh read, never a wrong
+        // write, and a refusal is only ever given on a fresh read.
+        let mut fresh = false;
         for _ in 0..CAS_ATTEMPTS {
-            let node = self.current(mac).await?;
-            let to = transition(node.state, event)?;
+            let node = if fresh {
+                self.current(mac).await?
+            } else {
+                self.cached(mac).await?
+            };
+            let to = match transition(node.state, event) {
+                Ok(to) => to,
+                Err(_) if !fresh => {
+                    fresh = true;
+                    continue;
+                }
+                Err(refused) => return Err(refused.into()),
+            };
             match self
                 .store
                 .set_state(mac, node.version, node.state, to, reason, with)
@@ -141,7 +166,7 @@ impl NodeController {
                     self.metrics.transition(node.state, to, secs);
                     return Ok(*updated);
                 }
-                CasOutcome::Stale => continue,
+                CasOutcome::Stale => fresh = true,
                 CasOutcome::AlreadyAttested => return Err(ControlError::AlreadyAttested),
             }
         }

@@ -73,6 +73,7 @@ on_both!(
     a_token_name_is_taken_once_and_revoked_once_with_its_actor,
     a_revalidation_behind_a_drain_is_queued_moved_and_ended_once,
     a_feed_that_fell_behind_a_pruned_revocation_ends,
+    a_state_change_from_an_out_of_date_record_is_retried_from_the_store,
 );
 
 fn mac(i: u32) -> Mac {
@@ -1393,4 +1394,73 @@ async fn a_token_name_is_taken_once_and_revoked_once_with_its_actor(db: Db) {
     );
     assert_eq!(kinds[1].0, "token.revoked");
     assert!(kinds[1].1.is_none(), "revoked outside any actor's scope");
+}
+
+/// The controller starts a state change from the record the store keeps in memory (SQLite:
+/// this handle's DHCP cache); another handle's writes leave that record behind. An event
+/// the old state refuses is tried again on a fresh read, and a write on the old version
+/// is refused by its compare-and-set and tried again: neither is lost nor misapplied.
+async fn a_state_change_from_an_out_of_date_record_is_retried_from_the_store(db: Db) {
+    use bootfleet::node::controller::NodeController;
+    use bootfleet::node::state::NodeEvent;
+    let (a, b) = (db.open().await, db.open().await);
+    let mac = mac(900);
+    a.discover(&mac, None, "test").await.unwrap();
+    let controller = NodeController::new(a.clone());
+    let move_on_b = |from: NodeState, to: NodeState| {
+        let b = b.clone();
+        async move {
+            let at = b.node(&mac).await.unwrap().unwrap();
+            assert_eq!(at.state, from);
+            let outcome = b
+                .set_state(&mac, at.version, from, to, "other server", None)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, CasOutcome::Done(_)), "{outcome:?}");
+        }
+    };
+    // a's record says discovered; the node is provisioning: attesting is allowed.
+    assert_eq!(
+        a.node_for_dhcp(&mac).await.unwrap().unwrap().state,
+        NodeState::Discovered
+    );
+    move_on_b(NodeState::Discovered, NodeState::Provisioning).await;
+    let node = controller
+        .apply(&mac, NodeEvent::Attested { passed: true }, "test")
+        .await
+        .unwrap();
+    assert_eq!(node.state, NodeState::Booted);
+    // a's record says booted, at a version the node has left.
+    move_on_b(NodeState::Booted, NodeState::Validating).await;
+    let node = controller
+        .apply(&mac, NodeEvent::QuarantineImposed, "test")
+        .await
+        .unwrap();
+    assert_eq!(node.state, NodeState::Quarantined);
+    let history: Vec<(Option<NodeState>, NodeState)> = a
+        .node_history(&mac)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| (c.from, c.to))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            (None, NodeState::Discovered),
+            (Some(NodeState::Discovered), NodeState::Provisioning),
+            (Some(NodeState::Provisioning), NodeState::Booted),
+            (Some(NodeState::Booted), NodeState::Validating),
+            (Some(NodeState::Validating), NodeState::Quarantined),
+        ]
+    );
+    // An event refused by the node's real state is refused.
+    assert!(
+        controller
+            .apply(&mac, NodeEvent::Validated { passed: true }, "test")
+            .await
+            .is_err()
+    );
+    a.close().await;
+    b.close().await;
 }
