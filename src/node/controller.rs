@@ -134,6 +134,32 @@ impl NodeController {
         reason: &str,
         with: Option<&Attached<'_>>,
     ) -> Result<NodeRecord, ControlError> {
+        self.change(mac, None, event, reason, with).await
+    }
+
+    /// `first` (with its reason), then `event` as `apply_with`, in one write where the
+    /// store can (`NodeStore::set_state_via`); a node already where `first` leads takes
+    /// `event` alone. For a request that passes a state on its way: a first validation
+    /// report moves a booted node through validating.
+    pub async fn apply_via(
+        &self,
+        mac: &Mac,
+        first: (NodeEvent, &str),
+        event: NodeEvent,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<NodeRecord, ControlError> {
+        self.change(mac, Some(first), event, reason, with).await
+    }
+
+    async fn change(
+        &self,
+        mac: &Mac,
+        first: Option<(NodeEvent, &str)>,
+        event: NodeEvent,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<NodeRecord, ControlError> {
         let _writing = self.metrics.state_change_started();
         let started = std::time::Instant::now();
         // The first try starts from the cached record (SQLite keeps it current as of the
@@ -147,23 +173,43 @@ impl NodeController {
             } else {
                 self.cached(mac).await?
             };
-            let to = match transition(node.state, event) {
-                Ok(to) => to,
+            let first = first.filter(|(e, _)| node.state != e.target());
+            let path = first
+                .map(|(e, why)| transition(node.state, e).map(|via| (via, why)))
+                .transpose()
+                .and_then(|via| {
+                    let from = via.map_or(node.state, |(v, _)| v);
+                    Ok((via, transition(from, event)?))
+                });
+            let (via, to) = match path {
+                Ok(path) => path,
                 Err(_) if !fresh => {
                     fresh = true;
                     continue;
                 }
                 Err(refused) => return Err(refused.into()),
             };
-            match self
-                .store
-                .set_state(mac, node.version, node.state, to, reason, with)
-                .await?
-            {
+            let outcome = match via {
+                None => {
+                    self.store
+                        .set_state(mac, node.version, node.state, to, reason, with)
+                        .await?
+                }
+                Some(via) => {
+                    self.store
+                        .set_state_via(mac, node.version, node.state, via, to, reason, with)
+                        .await?
+                }
+            };
+            match outcome {
                 CasOutcome::Done(updated) => {
-                    tracing::info!(%mac, from = %node.state, to = %to, reason, "node state changed");
                     let secs = started.elapsed().as_secs_f64();
-                    self.metrics.transition(node.state, to, secs);
+                    let mut at = node.state;
+                    for (step, why) in via.iter().copied().chain([(to, reason)]) {
+                        tracing::info!(%mac, from = %at, to = %step, reason = why, "node state changed");
+                        self.metrics.transition(at, step, secs);
+                        at = step;
+                    }
                     return Ok(*updated);
                 }
                 CasOutcome::Stale => fresh = true,

@@ -490,6 +490,33 @@ pub trait NodeStore: Send + Sync {
         reason: &str,
         with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError>;
+    /// `set_state` from `from` through `via` (its reason `via_reason`) to `to`: two
+    /// changes, each with its history row and event, `with` written with the second. For
+    /// a request that passes a state on its way (a first validation report: booted,
+    /// validating, ready). The embedded store writes both in one transaction; this
+    /// default writes one after the other, as two `set_state`s would.
+    #[allow(clippy::too_many_arguments)]
+    async fn set_state_via(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        (via, via_reason): (NodeState, &str),
+        to: NodeState,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<CasOutcome, StoreError> {
+        match self
+            .set_state(mac, version, from, via, via_reason, None)
+            .await?
+        {
+            CasOutcome::Done(node) => {
+                self.set_state(mac, node.version, via, to, reason, with)
+                    .await
+            }
+            other => Ok(other),
+        }
+    }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError>;
     /// Reads the node and every node reimaging now, asks `rule`, and writes what it
     /// decides (state, history, event), all in one write transaction, so two concurrent

@@ -74,6 +74,7 @@ on_both!(
     a_revalidation_behind_a_drain_is_queued_moved_and_ended_once,
     a_feed_that_fell_behind_a_pruned_revocation_ends,
     a_state_change_from_an_out_of_date_record_is_retried_from_the_store,
+    a_change_through_a_state_writes_both_steps_or_neither,
 );
 
 fn mac(i: u32) -> Mac {
@@ -1463,4 +1464,95 @@ async fn a_state_change_from_an_out_of_date_record_is_retried_from_the_store(db:
     );
     a.close().await;
     b.close().await;
+}
+
+/// `set_state_via`: both changes with their history, the attached row with the second;
+/// on a stale version nothing at all.
+async fn a_change_through_a_state_writes_both_steps_or_neither(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let mac = mac(901);
+    store.discover(&mac, None, "test").await.unwrap();
+    let node = open_boot(&store, &mac, "boot-via", &digest, None).await;
+    let stale = node.version;
+    let outcome = store
+        .set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Booted,
+            "attested",
+            None,
+        )
+        .await
+        .unwrap();
+    let CasOutcome::Done(booted) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let validation = Attached::Validation {
+        boot_id: "boot-via",
+        verdict_json: r#"{"passed":true}"#,
+    };
+    let via = (NodeState::Validating, "report received");
+    // A stale version: nothing written, not even the first step.
+    let outcome = store
+        .set_state_via(
+            &mac,
+            stale,
+            NodeState::Booted,
+            via,
+            NodeState::Ready,
+            "validated",
+            Some(&validation),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CasOutcome::Stale), "{outcome:?}");
+    assert_eq!(store.node(&mac).await.unwrap().unwrap(), *booted);
+    let outcome = store
+        .set_state_via(
+            &mac,
+            booted.version,
+            NodeState::Booted,
+            via,
+            NodeState::Ready,
+            "validated",
+            Some(&validation),
+        )
+        .await
+        .unwrap();
+    let CasOutcome::Done(ready) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(ready.state, NodeState::Ready);
+    assert_eq!(ready.version, booted.version + 2);
+    assert_eq!(*ready, store.node(&mac).await.unwrap().unwrap());
+    assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), *ready);
+    let last: Vec<(Option<NodeState>, NodeState, String)> = store
+        .node_history(&mac)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .take(2)
+        .map(|c| (c.from, c.to, c.reason))
+        .collect();
+    assert_eq!(
+        last,
+        [
+            (
+                Some(NodeState::Validating),
+                NodeState::Ready,
+                "validated".to_string()
+            ),
+            (
+                Some(NodeState::Booted),
+                NodeState::Validating,
+                "report received".to_string()
+            ),
+        ]
+    );
+    let facts = store.boot_by_id("boot-via").await.unwrap().unwrap();
+    assert!(facts.validated_at_ms.is_some());
+    store.close().await;
 }

@@ -4,7 +4,6 @@
 use super::attest::{AttestError, Refusal};
 use super::{BootError, NodeService};
 use crate::api::Mac;
-use crate::api::NodeState;
 use crate::api::agent::{ValidateRequest, ValidationVerdict};
 use crate::node::controller::ControlError;
 use crate::node::state::NodeEvent;
@@ -68,18 +67,14 @@ impl NodeService {
         })
         .expect("verdict serialises");
         let mac = &req.mac;
-        let node = store.node(mac).await?.ok_or(Refusal::BadToken)?;
+        // As of the last commit (the store's cached record where it keeps one); the
+        // controller decides the changes on what is stored.
+        let node = store.node_for_dhcp(mac).await?.ok_or(Refusal::BadToken)?;
         let not_now = |e: ControlError| match e {
             ControlError::NotAllowed(e) => AttestError::NotNow(e.to_string()),
             e => AttestError::Boot(BootError::from(e)),
         };
-        if node.state != NodeState::Validating {
-            let reason = format!("boot {}: validation report received", req.boot_id);
-            self.controller
-                .apply(mac, NodeEvent::ValidationStarted, &reason)
-                .await
-                .map_err(not_now)?;
-        }
+        let started = format!("boot {}: validation report received", req.boot_id);
         let reason = if verdict.passed {
             format!(
                 "boot {}: validated: {} GPU(s), every check passed",
@@ -102,8 +97,15 @@ impl NodeService {
         let event = NodeEvent::Validated {
             passed: verdict.passed,
         };
+        // Through validating (unless a revalidation put it there) and on, in one write.
         self.controller
-            .apply_with(mac, event, &reason, Some(&validation))
+            .apply_via(
+                mac,
+                (NodeEvent::ValidationStarted, &started),
+                event,
+                &reason,
+                Some(&validation),
+            )
             .await
             .map_err(not_now)?;
         self.baselines.forget(&req.boot_id);

@@ -107,6 +107,44 @@ async fn write_attached(
     }
 }
 
+/// One state change inside the caller's write transaction: the compare-and-set on
+/// `version` (the row as written comes back with it: no read after the commit), the row
+/// `with` that belongs with it, the history row and its event. Anything but `Done`
+/// leaves the caller to abandon the transaction.
+async fn change_in(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    version: i64,
+    (from, to): (NodeState, NodeState),
+    reason: &str,
+    with: Option<&Attached<'_>>,
+    now: i64,
+) -> Result<CasOutcome, StoreError> {
+    let written: Option<NodeRow> = sqlx::query_as(concat!(
+        "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
+         WHERE mac = ? AND version = ? RETURNING ",
+        rows::node_columns!()
+    ))
+    .bind(to.as_str())
+    .bind(reason)
+    .bind(now)
+    .bind(mac.to_string())
+    .bind(version)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(written) = written else {
+        return Ok(CasOutcome::Stale);
+    };
+    let node = rows::node(written)?;
+    if let Some(with) = with
+        && !write_attached(conn, mac, with, now).await?
+    {
+        return Ok(CasOutcome::AlreadyAttested);
+    }
+    insert_history(conn, mac, Some(from), to, reason, now).await?;
+    Ok(CasOutcome::Done(Box::new(node)))
+}
+
 async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
     let row: Option<NodeRow> = sqlx::query_as(select_nodes!("WHERE mac = ?"))
         .bind(mac.to_string())
@@ -352,34 +390,44 @@ impl NodeStore for SqliteStore {
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        // The row as written comes back with the write: no read after the commit.
-        let written: Option<NodeRow> = sqlx::query_as(concat!(
-            "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
-             WHERE mac = ? AND version = ? RETURNING ",
-            rows::node_columns!()
-        ))
-        .bind(to.as_str())
-        .bind(reason)
-        .bind(now)
-        .bind(mac.to_string())
-        .bind(version)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(written) = written else {
-            tx.abandon().await?;
-            return Ok(CasOutcome::Stale);
+        let node = match change_in(&mut tx, mac, version, (from, to), reason, with, now).await? {
+            CasOutcome::Done(node) => node,
+            refused => {
+                tx.abandon().await?;
+                return Ok(refused);
+            }
         };
-        let node = rows::node(written)?;
-        if let Some(with) = with
-            && !write_attached(&mut tx, mac, with, now).await?
-        {
-            tx.abandon().await?;
-            return Ok(CasOutcome::AlreadyAttested);
-        }
-        insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
         tx.commit_writing(&node).await?;
         self.notify_events();
-        Ok(CasOutcome::Done(Box::new(node)))
+        Ok(CasOutcome::Done(node))
+    }
+    /// Both changes in one writer's transaction: one trip through the write gate, one
+    /// commit to wait for.
+    async fn set_state_via(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        (via, via_reason): (NodeState, &str),
+        to: NodeState,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<CasOutcome, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        let mut outcome =
+            change_in(&mut tx, mac, version, (from, via), via_reason, None, now).await?;
+        if let CasOutcome::Done(passed) = &outcome {
+            let version = passed.version;
+            outcome = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
+        }
+        let CasOutcome::Done(node) = outcome else {
+            tx.abandon().await?;
+            return Ok(outcome);
+        };
+        tx.commit_writing(&node).await?;
+        self.notify_events();
+        Ok(CasOutcome::Done(node))
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> =
