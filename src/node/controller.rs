@@ -72,10 +72,10 @@ impl NodeController {
         self
     }
 
-    /// The node as the store keeps it in memory where it does (`node_for_dhcp`), else
-    /// as `current`: where a compare-and-set loop starts.
+    /// The node as the store keeps it in memory where it does (`node_in_memory`: no
+    /// read), else as `current`: where a compare-and-set loop starts.
     async fn cached(&self, mac: &Mac) -> Result<NodeRecord, ControlError> {
-        match self.store.node_for_dhcp(mac).await? {
+        match self.store.node_in_memory(mac) {
             Some(node) => Ok(node),
             None => self.current(mac).await,
         }
@@ -162,12 +162,13 @@ impl NodeController {
     ) -> Result<NodeRecord, ControlError> {
         let _writing = self.metrics.state_change_started();
         let started = std::time::Instant::now();
-        // The first try starts from the cached record (SQLite keeps it current as of the
-        // last commit: no read); the write is compare-and-set on its version, so a
-        // record that was out of date costs a retry from a fresh read, never a wrong
-        // write, and a refusal is only ever given on a fresh read.
+        // The first try starts from the record the store keeps in memory (SQLite, current
+        // as of the last commit: no read); the write is compare-and-set on its version,
+        // so a record that was out of date costs a retry from a fresh read, never a
+        // wrong write, and a refusal is only ever given on a fresh read. That first try
+        // comes on top of the CAS_ATTEMPTS from fresh reads.
         let mut fresh = false;
-        for _ in 0..CAS_ATTEMPTS {
+        for _ in 0..=CAS_ATTEMPTS {
             let node = if fresh {
                 self.current(mac).await?
             } else {

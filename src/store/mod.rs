@@ -439,6 +439,12 @@ pub trait ImageStore: Send + Sync {
 #[async_trait]
 pub trait NodeStore: Send + Sync {
     async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError>;
+    /// The node as this store keeps it in memory, current as of the last commit, if it
+    /// keeps one (SQLite's DHCP node cache; None: read it). Where a state change starts
+    /// deciding: the compare-and-set catches a record that fell behind.
+    fn node_in_memory(&self, _mac: &Mac) -> Option<NodeRecord> {
+        None
+    }
     /// `node`, from memory when no write to it committed since it was last read: the
     /// DHCP server's lookup, one per packet, which must not queue behind writers.
     /// A miss reads on the read-only pool, which writers never hold.
@@ -494,7 +500,8 @@ pub trait NodeStore: Send + Sync {
     /// changes, each with its history row and event, `with` written with the second. For
     /// a request that passes a state on its way (a first validation report: booted,
     /// validating, ready). The embedded store writes both in one transaction; this
-    /// default writes one after the other, as two `set_state`s would.
+    /// default writes one after the other, as two `set_state`s would, and answers
+    /// `Stale` (the first change stays) when the node moved on from `via` in between.
     #[allow(clippy::too_many_arguments)]
     async fn set_state_via(
         &self,
@@ -510,10 +517,13 @@ pub trait NodeStore: Send + Sync {
             .set_state(mac, version, from, via, via_reason, None)
             .await?
         {
-            CasOutcome::Done(node) => {
+            // The row read back may hold another writer's change made since: the second
+            // step goes only from `via`, else the caller decides again.
+            CasOutcome::Done(node) if node.state == via => {
                 self.set_state(mac, node.version, via, to, reason, with)
                     .await
             }
+            CasOutcome::Done(_) => Ok(CasOutcome::Stale),
             other => Ok(other),
         }
     }

@@ -305,6 +305,7 @@ fn only_the_controller_writes_node_state() {
     rust_files(&root.join("src"), &mut files);
     let writes = [
         ".set_state(",
+        ".set_state_via(",
         ".discover(",
         ".discover_within(",
         ".request_reimage(",

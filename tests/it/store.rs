@@ -696,6 +696,11 @@ async fn every_write_is_seen_by_the_next_dhcp_read(db: Db) {
     assert_eq!(stored.state, NodeState::Quarantined);
     assert_eq!(stored.version, seen.version + 1);
     assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), stored);
+    // SQLite keeps the written row in memory at the commit, without a read.
+    let sqlite = matches!(db, Db::Sqlite(_));
+    if sqlite {
+        assert_eq!(store.node_in_memory(&mac), Some(stored.clone()));
+    }
     // Two changes in a row: the cache has the last.
     for (from, to) in [
         (NodeState::Quarantined, NodeState::Discovered),
@@ -711,6 +716,9 @@ async fn every_write_is_seen_by_the_next_dhcp_read(db: Db) {
     let stored = store.node(&mac).await.unwrap().unwrap();
     assert_eq!(stored.version, seen.version + 3);
     assert_eq!(store.node_for_dhcp(&mac).await.unwrap().unwrap(), stored);
+    if sqlite {
+        assert_eq!(store.node_in_memory(&mac), Some(stored.clone()));
+    }
     // A stale version changes nothing.
     let outcome = store
         .set_state(
@@ -734,9 +742,15 @@ async fn every_write_is_seen_by_the_next_dhcp_read(db: Db) {
     let (found, new) = store.discover(&mac, Some("uuid-3"), "test").await.unwrap();
     assert!(!new);
     assert_eq!(found.uuid.as_deref(), Some("uuid-2"));
+    // A rediscovery that would change nothing writes nothing (SQLite answers it from
+    // memory).
+    let writes = store.write_stats().map(|w| w.writes);
     let (found, new) = store.discover(&mac, None, "test").await.unwrap();
     assert!(!new);
     assert_eq!(found, store.node(&mac).await.unwrap().unwrap());
+    if sqlite {
+        assert_eq!(store.write_stats().map(|w| w.writes), writes);
+    }
     store.close().await;
 }
 
@@ -1495,6 +1509,7 @@ async fn a_change_through_a_state_writes_both_steps_or_neither(db: Db) {
     };
     let via = (NodeState::Validating, "report received");
     // A stale version: nothing written, not even the first step.
+    let history = store.node_history(&mac).await.unwrap().len();
     let outcome = store
         .set_state_via(
             &mac,
@@ -1509,6 +1524,9 @@ async fn a_change_through_a_state_writes_both_steps_or_neither(db: Db) {
         .unwrap();
     assert!(matches!(outcome, CasOutcome::Stale), "{outcome:?}");
     assert_eq!(store.node(&mac).await.unwrap().unwrap(), *booted);
+    assert_eq!(store.node_history(&mac).await.unwrap().len(), history);
+    let facts = store.boot_by_id("boot-via").await.unwrap().unwrap();
+    assert!(facts.validated_at_ms.is_none());
     let outcome = store
         .set_state_via(
             &mac,

@@ -67,9 +67,12 @@ impl NodeService {
         })
         .expect("verdict serialises");
         let mac = &req.mac;
-        // As of the last commit (the store's cached record where it keeps one); the
+        // As of the last commit where the store keeps it in memory, else read; the
         // controller decides the changes on what is stored.
-        let node = store.node_for_dhcp(mac).await?.ok_or(Refusal::BadToken)?;
+        let node = match store.node_in_memory(mac) {
+            Some(node) => node,
+            None => store.node(mac).await?.ok_or(Refusal::BadToken)?,
+        };
         let not_now = |e: ControlError| match e {
             ControlError::NotAllowed(e) => AttestError::NotNow(e.to_string()),
             e => AttestError::Boot(BootError::from(e)),

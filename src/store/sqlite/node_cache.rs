@@ -36,8 +36,9 @@ impl NodeCache {
         self.lock().epoch
     }
 
-    /// Keeps `node`, read from the database after `epoch()` returned `epoch`, unless a
-    /// write was invalidated since (then the read may predate it).
+    /// Keeps `node`, read from the database after `epoch()` returned `epoch` (or written
+    /// by a batch whose closer fills under the write gate, after its invalidations),
+    /// unless a write was invalidated since (then the read may predate it).
     pub fn fill(&self, epoch: u64, node: &NodeRecord) {
         let mut inner = self.lock();
         if inner.epoch != epoch {

@@ -197,6 +197,9 @@ impl NodeStore for SqliteStore {
     async fn node(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
         node_on(&self.pool, mac).await
     }
+    fn node_in_memory(&self, mac: &Mac) -> Option<NodeRecord> {
+        self.node_cache.get(mac)
+    }
     /// `node`, from memory when no write to it committed since it was last read: the
     /// DHCP server's lookup, one per packet, which must not queue behind writers.
     /// A miss reads on the read-only pool, which writers never hold.
@@ -598,8 +601,9 @@ impl NodeStore for SqliteStore {
     }
 }
 impl SqliteStore {
-    /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held:
-    /// the cache stays warm through a storm's state changes.
+    /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held
+    /// (for writes that do not return their row; a state change's row is kept by the
+    /// batch's closer).
     pub(super) async fn node_after_write(
         &self,
         mac: &Mac,
