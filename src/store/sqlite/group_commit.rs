@@ -427,19 +427,7 @@ mod tests {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
     fn record(mac: &str, version: i64) -> NodeRecord {
-        NodeRecord {
-            mac: mac.parse().unwrap(),
-            uuid: None,
-            hostname: None,
-            labels: Default::default(),
-            assigned: None,
-            state: crate::api::NodeState::Discovered,
-            state_reason: String::new(),
-            version,
-            created_at: String::new(),
-            updated_at: String::new(),
-            bmc: None,
-        }
+        super::super::node_cache::record(mac, crate::api::NodeState::Discovered, version)
     }
 
     #[test]

@@ -62,25 +62,32 @@ impl NodeCache {
     }
 }
 
+/// A node record of `mac` at `state` and `version`, the rest empty: for tests of the
+/// cache and of what fills it.
+#[cfg(test)]
+pub(super) fn record(mac: &str, state: crate::api::NodeState, version: i64) -> NodeRecord {
+    NodeRecord {
+        mac: mac.parse().unwrap(),
+        uuid: None,
+        hostname: None,
+        labels: Default::default(),
+        assigned: None,
+        state,
+        state_reason: String::new(),
+        version,
+        created_at: String::new(),
+        updated_at: String::new(),
+        bmc: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::NodeState;
 
     fn node(mac: &str, state: NodeState) -> NodeRecord {
-        NodeRecord {
-            mac: mac.parse().unwrap(),
-            uuid: None,
-            hostname: None,
-            labels: Default::default(),
-            assigned: None,
-            state,
-            state_reason: String::new(),
-            version: 1,
-            created_at: String::new(),
-            updated_at: String::new(),
-            bmc: None,
-        }
+        record(mac, state, 1)
     }
 
     #[test]
