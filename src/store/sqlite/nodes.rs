@@ -393,16 +393,8 @@ impl NodeStore for SqliteStore {
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        let node = match change_in(&mut tx, mac, version, (from, to), reason, with, now).await? {
-            CasOutcome::Done(node) => node,
-            refused => {
-                tx.abandon().await?;
-                return Ok(refused);
-            }
-        };
-        tx.commit_writing(&node).await?;
-        self.notify_events();
-        Ok(CasOutcome::Done(node))
+        let outcome = change_in(&mut tx, mac, version, (from, to), reason, with, now).await?;
+        self.end_change(tx, outcome).await
     }
     /// Both changes in one writer's transaction: one trip through the write gate, one
     /// commit to wait for.
@@ -424,13 +416,7 @@ impl NodeStore for SqliteStore {
             let version = passed.version;
             outcome = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
         }
-        let CasOutcome::Done(node) = outcome else {
-            tx.abandon().await?;
-            return Ok(outcome);
-        };
-        tx.commit_writing(&node).await?;
-        self.notify_events();
-        Ok(CasOutcome::Done(node))
+        self.end_change(tx, outcome).await
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> =
@@ -601,6 +587,21 @@ impl NodeStore for SqliteStore {
     }
 }
 impl SqliteStore {
+    /// Ends a state change's transaction: committed with its node's row (kept in the
+    /// cache) when it was done, else abandoned; answers `outcome` once durable.
+    async fn end_change(
+        &self,
+        tx: super::WriteTx,
+        outcome: CasOutcome,
+    ) -> Result<CasOutcome, StoreError> {
+        let CasOutcome::Done(node) = outcome else {
+            tx.abandon().await?;
+            return Ok(outcome);
+        };
+        tx.commit_writing(&node).await?;
+        self.notify_events();
+        Ok(CasOutcome::Done(node))
+    }
     /// `mac`'s row read after a write to it committed, replacing what the DHCP cache held
     /// (for writes that do not return their row; a state change's row is kept by the
     /// batch's closer).
