@@ -3,7 +3,7 @@
 //! retries from a fresh read when another writer got there first. Discovery and reimage
 //! requests, which also set a node's state, go through here too.
 
-use crate::api::Mac;
+use crate::api::{Mac, NodeState};
 use crate::node::state::{NodeEvent, TransitionError, transition};
 use crate::store::{
     Attached, CasOutcome, NodeRecord, ReimageOutcome, ReimageRule, Store, StoreError,
@@ -174,15 +174,7 @@ impl NodeController {
             } else {
                 self.cached(mac).await?
             };
-            let first = first.filter(|(e, _)| node.state != e.target());
-            let path = first
-                .map(|(e, why)| transition(node.state, e).map(|via| (via, why)))
-                .transpose()
-                .and_then(|via| {
-                    let from = via.map_or(node.state, |(v, _)| v);
-                    Ok((via, transition(from, event)?))
-                });
-            let (via, to) = match path {
+            let (via, to) = match plan(node.state, first, event) {
                 Ok(path) => path,
                 Err(_) if !fresh => {
                     fresh = true;
@@ -327,4 +319,48 @@ impl NodeController {
 pub fn meaningful_uuid(uuid: Option<&str>) -> Option<String> {
     let u = uuid?.trim().to_ascii_lowercase();
     (!u.is_empty() && u.chars().any(|c| c.is_ascii_hexdigit() && c != '0')).then_some(u)
+}
+
+/// The changes `event` makes from `at`: through `first` (with its reason) unless the node
+/// is already where `first` leads, then on. Pure; the transition table decides each step.
+/// A change's path: the state it passes with that step's reason, if any, and where it ends.
+type Path<'r> = (Option<(NodeState, &'r str)>, NodeState);
+
+fn plan(
+    at: NodeState,
+    first: Option<(NodeEvent, &str)>,
+    event: NodeEvent,
+) -> Result<Path<'_>, TransitionError> {
+    let via = match first {
+        Some((e, why)) if at != e.target() => Some((transition(at, e)?, why)),
+        _ => None,
+    };
+    let from = via.map_or(at, |(v, _)| v);
+    Ok((via, transition(from, event)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_goes_through_its_first_step_unless_the_node_is_there() {
+        let first = Some((NodeEvent::ValidationStarted, "received"));
+        let validated = NodeEvent::Validated { passed: true };
+        assert_eq!(
+            plan(NodeState::Booted, first, validated).unwrap(),
+            (Some((NodeState::Validating, "received")), NodeState::Ready)
+        );
+        assert_eq!(
+            plan(NodeState::Validating, first, validated).unwrap(),
+            (None, NodeState::Ready)
+        );
+        assert_eq!(
+            plan(NodeState::Validating, None, validated).unwrap(),
+            (None, NodeState::Ready)
+        );
+        // Either step refused refuses the whole.
+        assert!(plan(NodeState::Discovered, first, validated).is_err());
+        assert!(plan(NodeState::Booted, None, validated).is_err());
+    }
 }

@@ -67,14 +67,10 @@ impl NodeService {
         })
         .expect("verdict serialises");
         let mac = &req.mac;
-        // As of the last commit where the store keeps it in memory, else read; the
-        // controller decides the changes on what is stored.
-        let node = match store.node_in_memory(mac) {
-            Some(node) => node,
-            None => store.node(mac).await?.ok_or(Refusal::BadToken)?,
-        };
         let not_now = |e: ControlError| match e {
             ControlError::NotAllowed(e) => AttestError::NotNow(e.to_string()),
+            // Removed since its token was checked: the token names no node any more.
+            ControlError::UnknownNode(_) => Refusal::BadToken.into(),
             e => AttestError::Boot(BootError::from(e)),
         };
         let started = format!("boot {}: validation report received", req.boot_id);
@@ -100,8 +96,10 @@ impl NodeService {
         let event = NodeEvent::Validated {
             passed: verdict.passed,
         };
-        // Through validating (unless a revalidation put it there) and on, in one write.
-        self.controller
+        // Through validating (unless a revalidation put it there) and on, in one write;
+        // the node as written is what the health rules below look at.
+        let node = self
+            .controller
             .apply_via(
                 mac,
                 (NodeEvent::ValidationStarted, &started),
