@@ -8,9 +8,9 @@
 #
 # Usage: sudo bench/storm.sh NODES [LOSS_PERCENT=0] [RAMP=10s]
 # Two namespaces joined by a veth pair: bfs-srv (the servers, 10.98.0.1) and bfs-sim (the
-# nodes, 10.98.0.2; the pool 10.98.128.0/17 is routed to it so that each node sends from
-# its own leased address). LOSS_PERCENT drops that share of UDP in both directions
-# (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
+# nodes, 10.98.0.2) on 10.98.0.0/15; the pool 10.99.0.0/16 (65,530 addresses) is routed to
+# the nodes' side so that each node sends from its own leased address. LOSS_PERCENT drops
+# that share of UDP in both directions (nftables numgen, on each namespace's input). Needs nftables, dnsmasq-base, nginx-light, ipxe.
 # FULL_ONLY=1: the full boot through bootfleet only (the other runs are skipped).
 # BOOTFLEET_ONLY=1: bootfleet's two runs and their ratio (dnsmasq, nginx and the HTTP
 # phase alone are skipped).
@@ -25,6 +25,7 @@ loss=${2:-0}
 ramp=${3:-10s}
 kernel_mib=${KERNEL_MIB:-1}
 initrd_mib=${INITRD_MIB:-4}
+[ "$nodes" -le 65530 ] || { echo "at most 65,530 nodes (the pool)" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "run as root (namespaces, ports 67 and 69)" >&2; exit 1; }
 for tool in nft dnsmasq nginx; do
   command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install nftables dnsmasq-base nginx-light" >&2; exit 1; }
@@ -47,13 +48,13 @@ ip netns add $SIM
 ip -n $SRV link set lo up
 ip -n $SIM link set lo up
 ip link add bfs0 netns $SRV type veth peer name bfs1 netns $SIM
-ip -n $SRV addr add 10.98.0.1/16 dev bfs0
-ip -n $SIM addr add 10.98.0.2/16 dev bfs1
+ip -n $SRV addr add 10.98.0.1/15 dev bfs0
+ip -n $SIM addr add 10.98.0.2/15 dev bfs1
 ip -n $SRV link set bfs0 up
 ip -n $SIM link set bfs1 up
 # The pool is the nodes' own: one route (and one ARP entry) on the server's side.
-ip -n $SRV route add 10.98.128.0/17 via 10.98.0.2
-ip -n $SIM route add local 10.98.128.0/17 dev lo
+ip -n $SRV route add 10.99.0.0/16 via 10.98.0.2
+ip -n $SIM route add local 10.99.0.0/16 dev lo
 if [ "$loss" != 0 ]; then
   # Dropped where each side receives: a drop on an output hook would fail the sender's
   # sendto with EPERM, which real loss never does.
@@ -103,10 +104,10 @@ max_transfers = 60000
 mode = "authoritative"
 interface = "bfs0"
 server_ip = "10.98.0.1"
-subnet_mask = "255.255.0.0"
+subnet_mask = "255.254.0.0"
 [dhcp.pool]
-start = "10.98.128.1"
-end = "10.98.255.250"
+start = "10.99.0.1"
+end = "10.99.255.250"
 lease_secs = 3600
 TOML
 if [ -n "${MAX_CONNECTIONS:-}${KEEP_ALIVE:-}" ]; then
@@ -188,7 +189,7 @@ http { access_log off; sendfile on; keepalive_requests 1000; server { listen 10.
 NGINX
 srv nginx -c "$work/nginx.conf" &
 srv dnsmasq --keep-in-foreground --port=0 --interface=bfs0 --bind-interfaces \
-  --dhcp-range=10.98.128.1,10.98.255.250,255.255.0.0,1h --dhcp-lease-max=40000 \
+  --dhcp-range=10.99.0.1,10.99.255.250,255.254.0.0,1h --dhcp-lease-max=70000 \
   --dhcp-leasefile="$work/dnsmasq.leases" --no-ping --enable-tftp --tftp-root=/usr/lib/ipxe \
   --tftp-max=20000 --dhcp-userclass=set:ipxe,iPXE \
   "--dhcp-boot=tag:ipxe,http://10.98.0.1:8081/boot.ipxe" "--dhcp-boot=tag:!ipxe,undionly.kpxe" \
