@@ -36,6 +36,9 @@ pub struct Server {
     pub rollouts: crate::rollout::run::Controller,
     /// The HTTPS certificate, when `[http] tls_cert_file` is set.
     pub tls: Option<std::sync::Arc<crate::http::tls::Certificates>>,
+    /// On SQLite, the lock that makes this the database's one server (held while any
+    /// clone of this lives).
+    pub sqlite_lock: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// Opens everything under the data directory: blob store (sweeping crash leftovers),
@@ -44,6 +47,15 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
     let data_dir: &Path = &cfg.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
+    // Before anything in it is touched (the blob store sweeps its temp files): a second
+    // server on one SQLite database is refused here.
+    let store_url = cfg.store.url(data_dir)?;
+    let sqlite_lock = match &store_url {
+        crate::store::StoreUrl::Sqlite(path) => Some(std::sync::Arc::new(
+            crate::store::sqlite::lock_for_one_server(path)?,
+        )),
+        crate::store::StoreUrl::Postgres(_) => None,
+    };
     let blobs = BlobStore::open(data_dir)
         .with_context(|| format!("cannot open blob store in {}", data_dir.display()))?;
     let tls = match cfg.http.tls_files().map_err(anyhow::Error::msg)? {
@@ -58,7 +70,6 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         ),
         None => None,
     };
-    let store_url = cfg.store.url(data_dir)?;
     let store = crate::store::open(
         &store_url,
         cfg.store.password()?.as_deref(),
@@ -197,6 +208,7 @@ pub async fn open_state(cfg: &ServerConfig) -> anyhow::Result<Server> {
         http_settings: cfg.http.clone(),
         retention: cfg.events.clone(),
         tls,
+        sqlite_lock,
     })
 }
 

@@ -119,6 +119,8 @@ pub async fn run(
         admin,
         tls,
     };
+    // Held until DHCP and TFTP have saved what they hold, after the HTTP side ends.
+    let sqlite_lock = state.sqlite_lock.clone();
     let http = crate::server::run_on(listeners, state, shutdown.clone()).await;
     shutdown.cancel();
     for task in dhcp {
@@ -129,6 +131,7 @@ pub async fn run(
             .context("TFTP server panicked")?
             .context("TFTP server failed")?;
     }
+    drop(sqlite_lock);
     http
 }
 

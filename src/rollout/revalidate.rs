@@ -336,6 +336,7 @@ mod tests {
             created_at: String::new(),
             updated_at: String::new(),
             bmc: None,
+            revalidate_requested: false,
         }
     }
 

@@ -210,6 +210,9 @@ pub struct NodeRecord {
     pub updated_at: String,
     /// How to reach the node's BMC; filled by the power-control work.
     pub bmc: Option<Bmc>,
+    /// A revalidation was asked for and no heartbeat has taken it yet
+    /// (`NodeStore::request_revalidate`, `take_revalidate`).
+    pub revalidate_requested: bool,
 }
 
 impl From<NodeRecord> for Node {
@@ -555,10 +558,10 @@ pub trait NodeStore: Send + Sync {
     async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError>;
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
-    /// The node, and whether a revalidation request waits for it, in one read (a
-    /// heartbeat's: it writes only when one does).
-    async fn node_for_heartbeat(&self, mac: &Mac)
-    -> Result<Option<(NodeRecord, bool)>, StoreError>;
+    /// The node as a heartbeat needs it, with whether a revalidation request waits for
+    /// it (a heartbeat writes only when one does); a backend may answer from memory
+    /// what it knows to be current.
+    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError>;
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// Nodes and when we last heard from them: the later of their last heartbeat and

@@ -47,12 +47,13 @@ pub(crate) type NodeRow = (
     i64,
     i64,
     Option<String>,
+    bool,
 );
 
 /// The columns `NodeRow` holds, in its order.
 macro_rules! node_columns {
     () => {
-        "mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc"
+        "mac, uuid, hostname, labels, assigned_ref, state, state_reason, version, created_at_ms, updated_at_ms, bmc, revalidate_requested"
     };
 }
 
@@ -72,22 +73,6 @@ macro_rules! select_nodes {
 
 pub(crate) use select_nodes;
 
-/// `select_nodes!` with one more column after `NodeRow`'s (read by index 11).
-macro_rules! select_nodes_and {
-    ($column:literal, $rest:literal) => {
-        concat!(
-            "SELECT ",
-            $crate::store::rows::node_columns!(),
-            ", ",
-            $column,
-            " FROM nodes ",
-            $rest
-        )
-    };
-}
-
-pub(crate) use select_nodes_and;
-
 pub(crate) fn node(r: NodeRow) -> Result<NodeRecord, StoreError> {
     let corrupt = |m: String| StoreError::Corrupt(m);
     Ok(NodeRecord {
@@ -106,6 +91,7 @@ pub(crate) fn node(r: NodeRow) -> Result<NodeRecord, StoreError> {
             .map(|b| serde_json::from_str(&b))
             .transpose()
             .map_err(|e| corrupt(format!("bmc: {e}")))?,
+        revalidate_requested: r.11,
     })
 }
 

@@ -1,5 +1,7 @@
 //! The store battery: every test here runs on SQLite and on PostgreSQL (`on_both!`), and
-//! most open the store twice, as two servers would, and race the two handles. What holds
+//! most open the store twice, as two servers would, and race the two handles (on SQLite
+//! two write gates on one file; a server refuses a second process on its database, and
+//! each handle's caches know its own writes only). What holds
 //! inside one process must hold across servers: compare-and-set, the disruption budget,
 //! a token attesting once, answered-once flags, one event order without gaps, one holder
 //! per role.
@@ -75,6 +77,7 @@ on_both!(
     a_feed_that_fell_behind_a_pruned_revocation_ends,
     a_state_change_from_an_out_of_date_record_is_retried_from_the_store,
     a_change_through_a_state_writes_both_steps_or_neither,
+    a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once,
 );
 
 fn mac(i: u32) -> Mac {
@@ -167,6 +170,13 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
         bootfleet::store::ImageUsers::default(),
         "the old image is unused"
     );
+    // Another node's newest boot ran it (the SQLite store keeps it in memory, for the
+    // agent API's token check): it goes too.
+    let other = self::mac(51);
+    store.discover(&other, None, "test").await.unwrap();
+    open_boot(&store, &other, "boot-other", &old, None).await;
+    let read = store.boot_for_attest("boot-other").await.unwrap();
+    assert!(read.is_some_and(|b| b.latest));
 
     assert_eq!(
         store.remove_image(&old).await.unwrap(),
@@ -181,6 +191,9 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
         .map(|b| b.id)
         .collect();
     assert_eq!(boots, ["boot-new"], "the old image's boot went with it");
+    assert!(store.boot_for_attest("boot-other").await.unwrap().is_none());
+    assert!(store.boot_for_attest("boot-old").await.unwrap().is_none());
+    assert!(store.boot_for_attest("boot-new").await.unwrap().is_some());
     assert!(store.image(&new).await.unwrap().is_some());
     assert_eq!(
         store.remove_image(&old).await.unwrap(),
@@ -198,6 +211,7 @@ async fn a_node_is_removed_whole_under_its_version(db: Db) {
     store.discover(&mac, None, "test").await.unwrap();
     let preboot = r#"[{"step":"dhcp ack","at_ms":1,"outcome":"ok"}]"#;
     let node = open_boot(&store, &mac, "boot-rm", &digest, Some(preboot)).await;
+    assert!(store.boot_for_attest("boot-rm").await.unwrap().is_some());
     let fetch = Fetch {
         digest,
         started_at_ms: 1,
@@ -236,6 +250,10 @@ async fn a_node_is_removed_whole_under_its_version(db: Db) {
         "not cached either"
     );
     assert!(store.boot_facts(&mac, 10).await.unwrap().is_empty());
+    assert!(
+        store.boot_for_attest("boot-rm").await.unwrap().is_none(),
+        "its token names no boot, in memory either"
+    );
     assert!(store.node_history(&mac).await.unwrap().is_empty());
     assert!(store.fetches("boot-rm").await.unwrap().is_empty());
     let events = store.events_since(head, 10, None).await.unwrap();
@@ -376,6 +394,88 @@ async fn the_budget_holds_when_two_servers_decide_at_once(db: Db) {
     b.close().await;
 }
 
+/// What the agent API's token check reads of a boot follows every write at once: a newer
+/// boot expires the older one's token, an attestation shows, a revalidation request
+/// shows in the heartbeat's read and goes once taken.
+async fn a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let mac = mac(60);
+    store.discover(&mac, None, "test").await.unwrap();
+    let node = open_boot(&store, &mac, "boot-1", &digest, None).await;
+    for _ in 0..2 {
+        let boot = store.boot_for_attest("boot-1").await.unwrap().unwrap();
+        assert!(boot.latest && !boot.attested && boot.mac == mac && boot.image == digest);
+        assert_eq!(boot.token_sha256, Digest::of(b"token"));
+    }
+    let attest = Attached::Attestation {
+        boot_id: "boot-1",
+        verdict_json: "{}",
+        report_json: "{}",
+    };
+    let attested = store
+        .set_state(
+            &mac,
+            node.version,
+            node.state,
+            NodeState::Validating,
+            "attested",
+            Some(&attest),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(attested, CasOutcome::Done(_)), "{attested:?}");
+    let boot = store.boot_for_attest("boot-1").await.unwrap().unwrap();
+    assert!(boot.latest && boot.attested);
+    let heard = store.node_for_heartbeat(&mac).await.unwrap().unwrap();
+    assert_eq!(heard.state, NodeState::Validating);
+    assert!(!heard.revalidate_requested);
+
+    open_boot(&store, &mac, "boot-2", &digest, None).await;
+    let old = store.boot_for_attest("boot-1").await.unwrap().unwrap();
+    assert!(!old.latest, "a newer boot expires the older token");
+    let new = store.boot_for_attest("boot-2").await.unwrap().unwrap();
+    assert!(new.latest && !new.attested);
+    assert!(store.boot_for_attest("boot-9").await.unwrap().is_none());
+
+    assert!(store.request_revalidate(&mac).await.unwrap());
+    let heard = store.node_for_heartbeat(&mac).await.unwrap().unwrap();
+    assert!(heard.revalidate_requested, "the heartbeat sees the request");
+    // The DHCP path keeps the row with the request in memory; taking it must drop that.
+    let seen = store.node_for_dhcp(&mac).await.unwrap().unwrap();
+    assert!(seen.revalidate_requested);
+    assert!(store.take_revalidate(&mac).await.unwrap());
+    assert!(!store.take_revalidate(&mac).await.unwrap(), "taken once");
+    let heard = store.node_for_heartbeat(&mac).await.unwrap().unwrap();
+    assert!(!heard.revalidate_requested);
+    assert_eq!(heard.state, NodeState::Provisioning);
+
+    // A write that is not a boot's forgets the newest boot; a read brings it back, and a
+    // newer boot still expires it.
+    store.assign(&mac, "demo:1").await.unwrap();
+    assert!(
+        store
+            .boot_for_attest("boot-2")
+            .await
+            .unwrap()
+            .is_some_and(|b| b.latest)
+    );
+    open_boot(&store, &mac, "boot-3", &digest, None).await;
+    let old = store.boot_for_attest("boot-2").await.unwrap().unwrap();
+    assert!(
+        !old.latest,
+        "a boot read into memory expires as one written there"
+    );
+    assert!(
+        store
+            .boot_for_attest("boot-3")
+            .await
+            .unwrap()
+            .is_some_and(|b| b.latest)
+    );
+    store.close().await;
+}
+
 async fn a_boot_attests_once_across_servers(db: Db) {
     let (a, b) = (db.open().await, db.open().await);
     let digest = image(&a, "demo", "1").await;
@@ -442,7 +542,14 @@ async fn a_revalidation_request_is_answered_once(db: Db) {
     a.discover(&mac, None, "test").await.unwrap();
     let pending = |store: &Store| {
         let store = store.clone();
-        async move { store.node_for_heartbeat(&mac).await.unwrap().unwrap().1 }
+        async move {
+            store
+                .node_for_heartbeat(&mac)
+                .await
+                .unwrap()
+                .unwrap()
+                .revalidate_requested
+        }
     };
     assert!(!pending(&b).await, "nothing asked yet");
     for _ in 0..10 {
@@ -1573,4 +1680,37 @@ async fn a_change_through_a_state_writes_both_steps_or_neither(db: Db) {
     let facts = store.boot_by_id("boot-via").await.unwrap().unwrap();
     assert!(facts.validated_at_ms.is_some());
     store.close().await;
+}
+
+/// A SQLite database has one server (its write gate and its caches of nodes and boots
+/// live in that process): a second on the same data directory is refused, saying why,
+/// until the first is gone.
+#[tokio::test]
+async fn a_second_server_on_one_sqlite_database_is_refused() {
+    use bootfleet::config::{FileConfig, Overrides, ServerConfig};
+    let data = tempfile::tempdir().unwrap();
+    let cfg = ServerConfig::resolve(
+        FileConfig::default(),
+        Overrides {
+            data_dir: Some(data.path().to_path_buf()),
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        },
+    );
+    let first = bootfleet::server::open_state(&cfg).await.unwrap();
+    let refused = bootfleet::server::open_state(&cfg)
+        .await
+        .err()
+        .expect("a second server is refused");
+    let why = format!("{refused:#}");
+    assert!(
+        why.contains("another bootfleet server has") && why.contains("bootfleet.db.lock"),
+        "{why}"
+    );
+    first.store.close().await;
+    drop(first);
+    let again = bootfleet::server::open_state(&cfg)
+        .await
+        .expect("the first server is gone");
+    again.store.close().await;
 }

@@ -107,7 +107,7 @@ impl NodeService {
         let mac = &req.mac;
         let now_ms = crate::clock::now_ms();
         self.liveness.heard(*mac, now_ms);
-        let (node, revalidate) = store
+        let node = store
             .node_for_heartbeat(mac)
             .await?
             .ok_or(Refusal::BadToken)?;
@@ -172,7 +172,7 @@ impl NodeService {
             return Ok(answer(NextAction::None, drift));
         }
         // Read with the node: a heartbeat that changes nothing writes nothing.
-        if revalidate && store.take_revalidate(mac).await? {
+        if node.revalidate_requested && store.take_revalidate(mac).await? {
             return Ok(answer(NextAction::Revalidate, drift));
         }
         Ok(answer(NextAction::None, drift))

@@ -448,21 +448,8 @@ impl NodeStore for PgStore {
         .await?;
         Ok(())
     }
-    async fn node_for_heartbeat(
-        &self,
-        mac: &Mac,
-    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
-        use sqlx::{FromRow, Row};
-        let row = sqlx::query(rows::select_nodes_and!(
-            "revalidate_requested",
-            "WHERE mac = $1"
-        ))
-        .bind(mac.to_string())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let node = rows::node(NodeRow::from_row(&row)?)?;
-        Ok(Some((node, row.try_get::<bool, _>(11)?)))
+    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        self.node(mac).await
     }
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
         let mut tx = self.tx().await?;

@@ -10,7 +10,13 @@ use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 #[async_trait]
 impl BootStore for SqliteStore {
+    /// From the boot cache when kept (each node's newest boot), else read, and kept if
+    /// it is its node's newest and no boot write committed meanwhile.
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
+        if let Some(boot) = self.boot_cache.get(id) {
+            return Ok(Some(boot));
+        }
+        let epoch = self.boot_cache.epoch();
         let row: Option<(String, String, String, i64, String, bool)> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1),
@@ -33,6 +39,11 @@ impl BootStore for SqliteStore {
             })
         })
         .transpose()
+        .inspect(|boot| {
+            if let Some(boot) = boot {
+                self.boot_cache.fill(epoch, id, boot);
+            }
+        })
     }
     /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
     /// with a made-up boot id writes nothing.

@@ -25,8 +25,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
+use super::boot_cache::{BootCache, BootTouch};
 use super::node_cache::NodeCache;
-use crate::api::Mac;
+use crate::api::{Digest, Mac};
 use crate::store::{NodeRecord, StoreError};
 
 /// What a batch's members learn when it ends: committed, or the commit's error.
@@ -46,6 +47,9 @@ struct Batch {
     /// writer whose caller went away still leaves no stale entry, and a state change
     /// needs no read after its commit).
     touched: Vec<(Mac, Option<NodeRecord>)>,
+    /// What the batch's writers did to boots, in order, for the boot cache (applied by
+    /// the closer once the batch commits, like `touched`).
+    boots: Vec<BootTouch>,
     /// The task that commits it. Finished with the batch still open means it was
     /// dropped unrun (its runtime stopping): the next writer starts another.
     closer: tokio::task::JoinHandle<()>,
@@ -70,6 +74,7 @@ pub(crate) struct GroupCommit {
     max_waiting: usize,
     next_id: AtomicU64,
     node_cache: Arc<NodeCache>,
+    boot_cache: Arc<BootCache>,
     /// Batches committed, and writers in them (the mean batch size is their ratio).
     batches: AtomicU64,
     members: AtomicU64,
@@ -103,13 +108,18 @@ impl Drop for Queued<'_> {
 }
 
 impl GroupCommit {
-    pub(crate) fn new(max_waiting: usize, node_cache: Arc<NodeCache>) -> Arc<Self> {
+    pub(crate) fn new(
+        max_waiting: usize,
+        node_cache: Arc<NodeCache>,
+        boot_cache: Arc<BootCache>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             gate: Default::default(),
             waiting: AtomicUsize::new(0),
             max_waiting,
             next_id: AtomicU64::new(0),
             node_cache,
+            boot_cache,
             batches: AtomicU64::new(0),
             members: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -196,6 +206,7 @@ impl GroupCommit {
             ended: watch::Sender::new(None),
             members: 0,
             touched: Vec::new(),
+            boots: Vec::new(),
             closer: self.spawn_closer(id),
             release_owed: false,
             rollback_owed: false,
@@ -223,6 +234,7 @@ impl GroupCommit {
             ended,
             members,
             touched,
+            boots,
             ..
         } = gate.0.take().expect("checked above");
         let done = sqlx::query("COMMIT").execute(&mut *conn).await;
@@ -234,6 +246,9 @@ impl GroupCommit {
             }
         } else {
             keep_written(&self.node_cache, touched);
+            for touch in boots {
+                self.boot_cache.apply(touch);
+            }
             self.batches.fetch_add(1, Ordering::Relaxed);
             self.members.fetch_add(members as u64, Ordering::Relaxed);
         }
@@ -323,25 +338,49 @@ impl WriteTx {
         self.outcome().await
     }
 
-    /// `commit`, and `mac`'s entry in the DHCP node cache dropped when the batch commits
-    /// (by the batch's closer, whatever becomes of this caller).
+    /// `commit`, and `mac`'s entries in the DHCP node cache and the boot cache dropped
+    /// when the batch commits (by the batch's closer, whatever becomes of this caller).
     pub(crate) async fn commit_touching(mut self, mac: &Mac) -> Result<(), StoreError> {
         self.touch(*mac, None);
+        self.touch_boot(BootTouch::Forget(*mac));
         self.commit().await
     }
 
     /// `commit_touching` for a writer that has its node's row as it wrote it (`RETURNING`):
     /// the cache keeps that row once the batch commits, unless a later writer in the
-    /// batch wrote the node too.
-    pub(crate) async fn commit_writing(mut self, node: &NodeRecord) -> Result<(), StoreError> {
+    /// batch wrote the node too; `boot` is what the writer did to its boot, if anything.
+    pub(crate) async fn commit_writing(
+        mut self,
+        node: &NodeRecord,
+        boot: Option<BootTouch>,
+    ) -> Result<(), StoreError> {
         self.touch(node.mac, Some(node.clone()));
+        if let Some(boot) = boot {
+            self.touch_boot(boot);
+        }
+        self.commit().await
+    }
+
+    /// `commit` of an image's removal: the boot cache forgets its boots once the batch
+    /// commits.
+    pub(crate) async fn commit_removing_image(mut self, image: Digest) -> Result<(), StoreError> {
+        self.touch_boot(BootTouch::ForgetImage(image));
         self.commit().await
     }
 
     fn touch(&mut self, mac: Mac, row: Option<NodeRecord>) {
+        self.batch().touched.push((mac, row));
+    }
+
+    /// What this writer did to boots, for the boot cache once the batch commits; only
+    /// on the way to commit (a writer that rolls back to its savepoint did nothing).
+    fn touch_boot(&mut self, touch: BootTouch) {
+        self.batch().boots.push(touch);
+    }
+
+    fn batch(&mut self) -> &mut Batch {
         let gate = self.gate.as_mut().expect("open until committed");
-        let batch = gate.0.as_mut().expect("open while a member holds the gate");
-        batch.touched.push((mac, row));
+        gate.0.as_mut().expect("open while a member holds the gate")
     }
 
     /// Gives up this writer's writes (back to its savepoint) and waits for the batch
@@ -504,7 +543,7 @@ mod tests {
     async fn concurrent_writers_share_commits_and_each_sees_its_write_durable() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(10_000, Default::default());
+        let group = GroupCommit::new(10_000, Default::default(), Default::default());
         let writers: Vec<_> = (0..300)
             .map(|n| {
                 let (group, pool) = (group.clone(), pool.clone());
@@ -537,7 +576,7 @@ mod tests {
     async fn a_failed_writer_loses_only_its_own_writes() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(10_000, Default::default());
+        let group = GroupCommit::new(10_000, Default::default(), Default::default());
         // Holding the gate, so that the writers below queue into one batch with it.
         let mut first = group.begin(&pool).await.unwrap();
         sqlx::query("INSERT INTO t (n) VALUES (1)")
@@ -576,7 +615,7 @@ mod tests {
     async fn an_abandoning_writer_loses_its_writes_and_answers_once_the_batch_is_durable() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(10_000, Default::default());
+        let group = GroupCommit::new(10_000, Default::default(), Default::default());
         let mut first = group.begin(&pool).await.unwrap();
         sqlx::query("INSERT INTO t (n) VALUES (1)")
             .execute(&mut *first)
@@ -620,7 +659,7 @@ mod tests {
     async fn writers_going_away_at_any_point_never_wedge_the_gate() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(100_000, Default::default());
+        let group = GroupCommit::new(100_000, Default::default(), Default::default());
         let next = Arc::new(AtomicU64::new(1000));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
         let tasks: Vec<_> = (0..64)
@@ -697,7 +736,7 @@ mod tests {
     async fn past_the_queue_limit_a_writer_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool(&dir).await;
-        let group = GroupCommit::new(2, Default::default());
+        let group = GroupCommit::new(2, Default::default(), Default::default());
         let holder = group.begin(&pool).await.unwrap();
         let queued: Vec<_> = (10..12)
             .map(|n| {

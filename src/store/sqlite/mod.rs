@@ -2,6 +2,7 @@
 //! area (`images`, `nodes`, `boots`, `events`, `leases`); writers queue in process at a
 //! write gate before SQLite's own lock, and a read-only pool serves the DHCP path.
 
+mod boot_cache;
 mod boots;
 mod events;
 mod group_commit;
@@ -35,6 +36,35 @@ pub const DATABASE_FILE: &str = "bootfleet.db";
 /// MiB, and at a batch's pace (a few ms for hundreds) none waits long.
 pub const MAX_QUEUED_WRITES: usize = 4096;
 
+/// Takes `<path>.lock` for this process, or says which server holds it: a SQLite database
+/// has one server process (its write gate and its caches of nodes and boots are in that
+/// process; another's writes would leave them stale). Several servers share PostgreSQL.
+/// The lock goes with the returned file, and with the process.
+pub fn lock_for_one_server(path: &Path) -> Result<std::fs::File, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = std::path::PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Config(format!(
+            "another bootfleet server has {} open (it holds {}): a SQLite database has one \
+             server; several servers share a PostgreSQL store ([store] url)",
+            path.display(),
+            lock_path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Config(format!(
+            "cannot lock {}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
 /// Opens (creating) the database at `path`, migrated.
 pub async fn open(path: &Path) -> Result<Store, StoreError> {
     Ok(std::sync::Arc::new(SqliteStore::open(path).await?))
@@ -48,8 +78,12 @@ pub struct SqliteStore {
     writes: std::sync::Arc<group_commit::GroupCommit>,
     /// Bumped after every commit that wrote events (see `events`).
     events_written: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
-    /// Node records for DHCP (`node_for_dhcp`); every write to `nodes` invalidates.
+    /// Node records for DHCP (`node_for_dhcp`), the controller's first try and the
+    /// heartbeat (`node_for_heartbeat`); every write to `nodes` refreshes or drops its own.
     node_cache: std::sync::Arc<node_cache::NodeCache>,
+    /// Each node's newest boot for the agent API's token check (`boot_for_attest`);
+    /// kept by the write gate's closer.
+    boot_cache: std::sync::Arc<boot_cache::BootCache>,
 }
 
 pub(crate) use group_commit::WriteTx;
@@ -91,12 +125,18 @@ impl SqliteStore {
             )
             .await?;
         let node_cache: std::sync::Arc<node_cache::NodeCache> = Default::default();
+        let boot_cache: std::sync::Arc<boot_cache::BootCache> = Default::default();
         Ok(Self {
             pool,
             read_pool,
-            writes: group_commit::GroupCommit::new(max_queued_writes, node_cache.clone()),
+            writes: group_commit::GroupCommit::new(
+                max_queued_writes,
+                node_cache.clone(),
+                boot_cache.clone(),
+            ),
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             node_cache,
+            boot_cache,
         })
     }
     /// A write transaction: this writer's part of a shared commit (`group_commit`).

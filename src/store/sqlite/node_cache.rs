@@ -1,4 +1,5 @@
-//! Node records kept in memory for the DHCP hot path: every DHCP packet of a network
+//! Node records kept in memory for the DHCP hot path (and read by the state controller's
+//! first try and by heartbeats, as current as of the last commit): every DHCP packet of a network
 //! booting node needs its node, and under a boot storm a read that waits for one of the
 //! pool's connections (held by writers queued on SQLite's write lock) costs the node a
 //! firmware retransmit of 4 s or more. Every write to `nodes` invalidates its MAC after it
@@ -78,6 +79,7 @@ pub(super) fn record(mac: &str, state: crate::api::NodeState, version: i64) -> N
         created_at: String::new(),
         updated_at: String::new(),
         bmc: None,
+        revalidate_requested: false,
     }
 }
 

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use super::SqliteStore;
+use super::boot_cache::BootTouch;
 use crate::api::node::StateChange;
 use crate::api::{Mac, NodeState};
 use crate::clock::now_ms;
 use crate::store::rows::{self, NodeRow, select_nodes};
 use crate::store::{
-    Attached, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore, ReimageDecision,
+    Attached, BootForAttest, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore, ReimageDecision,
     ReimageOutcome, ReimageRule, StoreError,
 };
 
@@ -143,6 +144,31 @@ async fn change_in(
     }
     insert_history(conn, mac, Some(from), to, reason, now).await?;
     Ok(CasOutcome::Done(Box::new(node)))
+}
+
+/// What a state change's attached row did to its boot, for the boot cache: a boot began
+/// (as `write_attached` inserted it, at `now`), or was attested.
+fn boot_touch(mac: &Mac, with: &Attached<'_>, now: i64) -> Option<BootTouch> {
+    match *with {
+        Attached::Boot(NewBoot {
+            id,
+            image,
+            token_sha256,
+            ..
+        }) => Some(BootTouch::Began(
+            id.to_string(),
+            BootForAttest {
+                mac: *mac,
+                image: *image,
+                token_sha256: *token_sha256,
+                created_at_ms: now,
+                latest: true,
+                attested: false,
+            },
+        )),
+        Attached::Attestation { boot_id, .. } => Some(BootTouch::Attested(boot_id.to_string())),
+        Attached::Validation { .. } => None,
+    }
 }
 
 async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
@@ -304,7 +330,7 @@ impl NodeStore for SqliteStore {
             }
         };
         let node = rows::node(row)?;
-        tx.commit_writing(&node).await?;
+        tx.commit_writing(&node, None).await?;
         if is_new {
             self.notify_events();
         }
@@ -394,7 +420,7 @@ impl NodeStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         let outcome = change_in(&mut tx, mac, version, (from, to), reason, with, now).await?;
-        self.end_change(tx, outcome).await
+        self.end_change(tx, outcome, with, now).await
     }
     /// Both changes in one writer's transaction: one trip through the write gate, one
     /// commit to wait for.
@@ -416,7 +442,7 @@ impl NodeStore for SqliteStore {
             let version = passed.version;
             outcome = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
         }
-        self.end_change(tx, outcome).await
+        self.end_change(tx, outcome, with, now).await
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> =
@@ -520,21 +546,13 @@ impl NodeStore for SqliteStore {
         tx.commit().await?;
         Ok(())
     }
-    async fn node_for_heartbeat(
-        &self,
-        mac: &Mac,
-    ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
-        use sqlx::{FromRow, Row};
-        let row = sqlx::query(rows::select_nodes_and!(
-            "revalidate_requested",
-            "WHERE mac = ?"
-        ))
-        .bind(mac.to_string())
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let node = rows::node(NodeRow::from_row(&row)?)?;
-        Ok(Some((node, row.try_get::<bool, _>(11)?)))
+    /// From the node cache, which the node's validation left holding its row, else read
+    /// (and not kept: a heartbeat is no reason to hold a row the DHCP path may not need).
+    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        match self.node_cache.get(mac) {
+            Some(node) => Ok(Some(node)),
+            None => node_on(&self.pool, mac).await,
+        }
     }
     /// Asks for revalidation; false when the node is unknown.
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
@@ -557,7 +575,8 @@ impl NodeStore for SqliteStore {
             now_ms(),
         )
         .await?;
-        tx.commit().await?;
+        // The flag is in the node's row: its cached copy goes.
+        tx.commit_touching(mac).await?;
         self.notify_events();
         Ok(true)
     }
@@ -571,8 +590,12 @@ impl NodeStore for SqliteStore {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        tx.commit().await?;
-        Ok(n == 1)
+        if n == 0 {
+            tx.abandon().await?;
+            return Ok(false);
+        }
+        tx.commit_touching(mac).await?;
+        Ok(true)
     }
     /// Nodes and when we last heard from them: the later of their last heartbeat and
     /// their last state change (a new boot must not inherit an old boot's silence).
@@ -588,17 +611,21 @@ impl NodeStore for SqliteStore {
 }
 impl SqliteStore {
     /// Ends a state change's transaction: committed with its node's row (kept in the
-    /// cache) when it was done, else abandoned; answers `outcome` once durable.
+    /// cache) and what `with` did to its boot (kept in the boot cache) when it was done,
+    /// else abandoned; answers `outcome` once durable.
     async fn end_change(
         &self,
         tx: super::WriteTx,
         outcome: CasOutcome,
+        with: Option<&Attached<'_>>,
+        now: i64,
     ) -> Result<CasOutcome, StoreError> {
         let CasOutcome::Done(node) = outcome else {
             tx.abandon().await?;
             return Ok(outcome);
         };
-        tx.commit_writing(&node).await?;
+        tx.commit_writing(&node, with.and_then(|w| boot_touch(&node.mac, w, now)))
+            .await?;
         self.notify_events();
         Ok(CasOutcome::Done(node))
     }
