@@ -27,8 +27,9 @@ use super::sendfile::SendfileStream;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
-    /// Connections served at once, on each listener; more wait in the kernel's backlog
-    /// (LISTEN_BACKLOG, capped by net.core.somaxconn), then in their SYN retries. A boot
+    /// Connections served at once, on each listener; up to four times as many more are
+    /// accepted and wait their turn in arrival order, and past those the kernel's backlog
+    /// (LISTEN_BACKLOG, capped by net.core.somaxconn), then their SYN retries. A boot
     /// storm is served fastest by few connections at a time: at 10,000 nodes on 2 cores,
     /// 1,024 readied them sooner, with less CPU and a third of the memory of 8,192
     /// (BENCHMARKS.md). The price: where links are slow, this many long blob downloads
@@ -97,6 +98,13 @@ pub struct OverTls;
 /// served, TFTP and DHCP sockets, object-store requests.
 const RESERVED_FDS: u64 = 512;
 
+/// Connections accepted for each one served at once: the rest wait in process, in arrival
+/// order, for a slot. Left in the kernel's backlog instead, past `LISTEN_BACKLOG` (or
+/// net.core.somaxconn) their handshakes are dropped and each client waits out a SYN
+/// retransmission (1 s, then 3, 7, 15 s): at 10,000 nodes, tens of thousands of them.
+/// A waiting connection holds a descriptor and a small task, not hyper's buffers.
+const WAITING_PER_SERVED: usize = 5;
+
 impl HttpSettings {
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s.max(1))
@@ -116,21 +124,21 @@ impl HttpSettings {
         Self::secs(self.shutdown_grace_secs)
     }
 
-    /// The connection cap that fits the open-file limit, raised to its hard limit first
-    /// (a boot storm holds thousands of connections; the usual soft limit is 1024).
-    fn connection_cap(&self) -> usize {
+    /// Connections served at once (`max_connections`), and connections accepted (served
+    /// or waiting their turn, `WAITING_PER_SERVED`), both to fit the open-file limit,
+    /// raised to its hard limit first (a boot storm holds thousands of connections; the
+    /// usual soft limit is 1024).
+    fn connection_limits(&self) -> (usize, usize) {
         use nix::sys::resource::{Resource, getrlimit, setrlimit};
         let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
             Ok((soft, hard)) if soft < hard => setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
                 .map(|_| hard)
                 .unwrap_or(soft),
             Ok((soft, _)) => soft,
-            Err(_) => return self.max_connections.max(1),
+            Err(_) => return (self.max_connections.max(1), self.max_connections.max(1)),
         };
-        let fit = soft.saturating_sub(RESERVED_FDS).max(16);
-        let cap = self
-            .max_connections
-            .clamp(1, usize::try_from(fit).unwrap_or(usize::MAX));
+        let fit = usize::try_from(soft.saturating_sub(RESERVED_FDS).max(16)).unwrap_or(usize::MAX);
+        let cap = self.max_connections.clamp(1, fit);
         if cap < self.max_connections {
             tracing::warn!(
                 max_connections = self.max_connections,
@@ -139,7 +147,18 @@ impl HttpSettings {
                 "[http] max_connections lowered to fit the open-file limit"
             );
         }
-        cap
+        // Waiting connections take a quarter of the descriptors at most: up to three
+        // listeners, TFTP's transfers and the blob files being sent need theirs.
+        let room = cap.saturating_mul(WAITING_PER_SERVED).min(fit / 4).max(cap);
+        if room < cap.saturating_mul(WAITING_PER_SERVED) {
+            tracing::warn!(
+                cap,
+                accepted = room,
+                nofile = soft,
+                "[http] fewer connections wait in process (the open-file limit): more in the kernel's backlog"
+            );
+        }
+        (cap, room)
     }
 }
 
@@ -157,8 +176,9 @@ pub async fn serve(
 ) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let handshake_timeout = HttpSettings::secs(settings.header_timeout_secs);
-    let cap = settings.connection_cap();
+    let (cap, accepted_cap) = settings.connection_limits();
     let permits = Arc::new(Semaphore::new(cap));
+    let accepted = Arc::new(Semaphore::new(accepted_cap));
     let write_timeout = HttpSettings::secs(settings.write_timeout_secs);
     let app = app.layer(RequestBodyTimeoutLayer::new(HttpSettings::secs(
         settings.body_timeout_secs,
@@ -169,10 +189,10 @@ pub async fn serve(
         .header_read_timeout(HttpSettings::secs(settings.header_timeout_secs));
     let graceful = GracefulShutdown::new();
     loop {
-        // A permit first: at the cap, new connections wait in the backlog, unaccepted.
-        let permit = tokio::select! {
+        // Room first: past it, new connections wait in the kernel's backlog, unaccepted.
+        let room = tokio::select! {
             _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            room = accepted.clone().acquire_owned() => room.expect("the semaphore is never closed"),
         };
         let (tcp, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -195,42 +215,54 @@ pub async fn serve(
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let tls = tls.clone();
+        let (permits, shutdown) = (permits.clone(), shutdown.clone());
         tokio::spawn(async move {
-            // Timeouts and resets end here; they are the client's, not ours to log loudly.
-            let ended = match tls {
-                None => {
-                    let io = timed(SendfileStream::new(tcp, blob_maps), write_timeout);
-                    let conn =
-                        builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
-                    watcher.watch(conn).await
-                }
-                Some(tls) => {
-                    // The handshake gets as long as a request's headers would.
-                    let io = timed(tcp, write_timeout);
-                    match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
-                        Ok(Ok(stream)) => {
-                            let app = tower_http::add_extension::AddExtension::new(app, OverTls);
-                            let conn = builder.serve_connection(
-                                TokioIo::new(stream),
-                                TowerToHyperService::new(app),
-                            );
-                            watcher.watch(conn).await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            Ok(())
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            Ok(())
+            // A slot to be served in, in arrival order (tokio's semaphore is fair).
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                permit = permits.acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            // Boxed once its turn comes: a connection waiting for a slot holds a small
+            // task, not the room hyper's connection state takes.
+            let serving = Box::pin(async move {
+                match tls {
+                    None => {
+                        let io = timed(SendfileStream::new(tcp, blob_maps), write_timeout);
+                        let conn = builder
+                            .serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+                        watcher.watch(conn).await
+                    }
+                    Some(tls) => {
+                        // The handshake gets as long as a request's headers would.
+                        let io = timed(tcp, write_timeout);
+                        match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
+                            Ok(Ok(stream)) => {
+                                let app =
+                                    tower_http::add_extension::AddExtension::new(app, OverTls);
+                                let conn = builder.serve_connection(
+                                    TokioIo::new(stream),
+                                    TowerToHyperService::new(app),
+                                );
+                                watcher.watch(conn).await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                Ok(())
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                Ok(())
+                            }
                         }
                     }
                 }
-            };
-            if let Err(e) = ended {
+            });
+            // Timeouts and resets end here; they are the client's, not ours to log loudly.
+            if let Err(e) = serving.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
             drop(permit);
+            drop(room);
         });
     }
     drop(listener);
@@ -260,9 +292,7 @@ fn close_when_busy<S>(
     impl Fn(axum::response::Response) -> axum::response::Response + Clone,
 > {
     tower::util::MapResponse::new(app, move |mut response: axum::response::Response| {
-        // The accept loop usually holds one permit while it waits for the next
-        // connection (not while it waits at the cap): at most one too few.
-        let open = (cap - permits.available_permits()).saturating_sub(1);
+        let open = cap - permits.available_permits();
         if open > keep_alive {
             response.headers_mut().insert(
                 axum::http::header::CONNECTION,

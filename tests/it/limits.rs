@@ -220,6 +220,46 @@ async fn connections_past_the_cap_wait_for_a_free_one() {
     server.stop().await;
 }
 
+/// Connections past the cap wait in the server, not in the kernel's backlog where a full
+/// queue drops handshakes, and are served in the order they came.
+#[tokio::test]
+async fn connections_past_the_cap_are_served_in_arrival_order() {
+    let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 1).await;
+    let wait = Duration::from_secs(10);
+    let mut held = TcpStream::connect(server.addr).await.unwrap();
+    held.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut held, wait).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..4 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
+            let _ = done_tx.send((i, answer));
+        });
+        // Each one in before the next connects.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(done.try_recv().is_err(), "served past the cap");
+    drop(held);
+    for want in 0..4 {
+        let (i, answer) = tokio::time::timeout(wait, done.recv())
+            .await
+            .expect("served once the slot is free")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert_eq!(i, want, "served in the order they came");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn past_the_keep_alive_limit_responses_close_their_connection() {
     let server = TestServer::start_configured(|cfg| {
