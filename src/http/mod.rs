@@ -18,6 +18,7 @@ pub mod range;
 mod rollouts;
 pub mod sendfile;
 pub mod serve;
+mod slots;
 pub mod tls;
 mod tokens;
 mod ui;

@@ -28,7 +28,8 @@ use super::sendfile::SendfileStream;
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
     /// Connections served at once, on each listener; up to four times as many more are
-    /// accepted and wait their turn in arrival order, and past those the kernel's backlog
+    /// accepted and wait their turn in arrival order (a node agent's call first,
+    /// `http/slots.rs`), and past those the kernel's backlog
     /// (LISTEN_BACKLOG, capped by net.core.somaxconn), then their SYN retries. A boot
     /// storm is served fastest by few connections at a time: at 10,000 nodes on 2 cores,
     /// 1,024 readied them sooner, with less CPU and a third of the memory of 8,192
@@ -177,7 +178,7 @@ pub async fn serve(
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let handshake_timeout = HttpSettings::secs(settings.header_timeout_secs);
     let (cap, accepted_cap) = settings.connection_limits();
-    let permits = Arc::new(Semaphore::new(cap));
+    let slots = super::slots::Slots::new(cap);
     let accepted = Arc::new(Semaphore::new(accepted_cap));
     let write_timeout = HttpSettings::secs(settings.write_timeout_secs);
     let app = app.layer(RequestBodyTimeoutLayer::new(HttpSettings::secs(
@@ -211,16 +212,19 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let blob_maps = blob_maps.clone();
         let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
-        let app = close_when_busy(app, permits.clone(), cap, settings.keep_alive_connections);
+        let app = close_when_busy(app, slots.clone(), settings.keep_alive_connections);
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let tls = tls.clone();
-        let (permits, shutdown) = (permits.clone(), shutdown.clone());
+        let (slots, shutdown) = (slots.clone(), shutdown.clone());
         tokio::spawn(async move {
-            // A slot to be served in, in arrival order (tokio's semaphore is fair).
+            // A slot to be served in: at once if one is free, else in arrival order, a
+            // node agent's call first (`slots`; told apart on plain connections only).
+            let agent =
+                tls.is_none() && !slots.any_free() && super::slots::is_agent_call(&tcp).await;
             let permit = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                permit = permits.acquire_owned() => permit.expect("the semaphore is never closed"),
+                slot = slots.acquire(agent) => slot,
             };
             // Boxed once its turn comes: a connection waiting for a slot holds a small
             // task, not the room hyper's connection state takes.
@@ -279,20 +283,19 @@ pub async fn serve(
     }
 }
 
-/// `app` whose responses end their connection while more than `keep_alive` of `cap`
-/// connections are open: the header is the one race-free way to close a kept-alive
-/// connection (closing an idle one races the client's next request on it).
+/// `app` whose responses end their connection while more than `keep_alive` connections
+/// hold slots: the header is the one race-free way to close a kept-alive connection
+/// (closing an idle one races the client's next request on it).
 fn close_when_busy<S>(
     app: S,
-    permits: Arc<Semaphore>,
-    cap: usize,
+    slots: Arc<super::slots::Slots>,
     keep_alive: usize,
 ) -> tower::util::MapResponse<
     S,
     impl Fn(axum::response::Response) -> axum::response::Response + Clone,
 > {
     tower::util::MapResponse::new(app, move |mut response: axum::response::Response| {
-        let open = cap - permits.available_permits();
+        let open = slots.held();
         if open > keep_alive {
             response.headers_mut().insert(
                 axum::http::header::CONNECTION,

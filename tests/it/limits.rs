@@ -260,6 +260,59 @@ async fn connections_past_the_cap_are_served_in_arrival_order() {
     server.stop().await;
 }
 
+/// A node agent's call waiting for a slot goes before the boot scripts and downloads that
+/// came earlier: it is a node's last step.
+#[tokio::test]
+async fn a_waiting_agent_call_is_served_before_earlier_connections() {
+    let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 2).await;
+    let wait = Duration::from_secs(10);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut tcp, wait).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        held.push(tcp);
+    }
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    let asks: [&[u8]; 3] = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"POST /api/v1/agent/heartbeat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope.nope\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    ];
+    for (i, ask) in asks.into_iter().enumerate() {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(ask).await.unwrap();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
+            let _ = done_tx.send((i, answer));
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(done.try_recv().is_err(), "served past the cap");
+    held.pop();
+    let (first, answer) = tokio::time::timeout(wait, done.recv())
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert_eq!(first, 2, "the agent's call first: {answer}");
+    assert!(answer.starts_with("HTTP/1.1 403"), "refused: {answer}");
+    for want in [0, 1] {
+        let (i, answer) = tokio::time::timeout(wait, done.recv())
+            .await
+            .expect("the others in turn")
+            .unwrap();
+        assert_eq!(i, want);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    drop(held);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn past_the_keep_alive_limit_responses_close_their_connection() {
     let server = TestServer::start_configured(|cfg| {
