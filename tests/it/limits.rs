@@ -191,11 +191,10 @@ async fn slow_headers_idle_connections_and_stalled_bodies_are_closed() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn connections_past_the_cap_wait_for_a_free_one() {
-    let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 3).await;
+/// `n` connections, each answered once and kept open (alive): they hold `n` slots.
+async fn hold_slots(server: &TestServer, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         let mut tcp = TcpStream::connect(server.addr).await.unwrap();
         tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -204,6 +203,33 @@ async fn connections_past_the_cap_wait_for_a_free_one() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         held.push(tcp);
     }
+    held
+}
+
+/// Each of `asks` on a connection of its own, in order, 100 ms apart (each one in before
+/// the next connects); each answer's head comes with its index as it arrives.
+async fn ask_each(
+    server: &TestServer,
+    asks: &[&'static [u8]],
+) -> tokio::sync::mpsc::UnboundedReceiver<(usize, String)> {
+    let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
+    for (i, ask) in asks.iter().enumerate() {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(ask).await.unwrap();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
+            let _ = done_tx.send((i, answer));
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    done
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_for_a_free_one() {
+    let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 3).await;
+    let mut held = hold_slots(&server, 3).await;
     // The fourth is not served while three are open...
     let fourth = tokio::spawn(reqwest::get(server.url("/healthz")));
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -226,26 +252,9 @@ async fn connections_past_the_cap_wait_for_a_free_one() {
 async fn connections_past_the_cap_are_served_in_arrival_order() {
     let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 1).await;
     let wait = Duration::from_secs(10);
-    let mut held = TcpStream::connect(server.addr).await.unwrap();
-    held.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let answer = read_until_closed(&mut held, wait).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
-    for i in 0..4 {
-        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let done_tx = done_tx.clone();
-        tokio::spawn(async move {
-            let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
-            let _ = done_tx.send((i, answer));
-        });
-        // Each one in before the next connects.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let held = hold_slots(&server, 1).await;
+    let ask: &'static [u8] = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let mut done = ask_each(&server, &[ask; 4]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(done.try_recv().is_err(), "served past the cap");
     drop(held);
@@ -266,32 +275,13 @@ async fn connections_past_the_cap_are_served_in_arrival_order() {
 async fn a_waiting_agent_call_is_served_before_earlier_connections() {
     let server = TestServer::start_configured(|cfg| cfg.http.max_connections = 2).await;
     let wait = Duration::from_secs(10);
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let answer = read_until_closed(&mut tcp, wait).await;
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        held.push(tcp);
-    }
-    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
-    let asks: [&[u8]; 3] = [
+    let mut held = hold_slots(&server, 2).await;
+    let asks: [&'static [u8]; 3] = [
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"POST /api/v1/agent/heartbeat HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope.nope\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     ];
-    for (i, ask) in asks.into_iter().enumerate() {
-        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
-        tcp.write_all(ask).await.unwrap();
-        let done_tx = done_tx.clone();
-        tokio::spawn(async move {
-            let answer = read_until_closed(&mut tcp, Duration::from_secs(10)).await;
-            let _ = done_tx.send((i, answer));
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut done = ask_each(&server, &asks).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(done.try_recv().is_err(), "served past the cap");
     held.pop();
