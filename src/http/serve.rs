@@ -29,8 +29,8 @@ use super::sendfile::SendfileStream;
 pub struct HttpSettings {
     /// Connections served at once, on each listener; up to four times as many more are
     /// accepted and wait their turn in arrival order (a node agent's call first,
-    /// `http/slots.rs`), and past those the kernel's backlog
-    /// (LISTEN_BACKLOG, capped by net.core.somaxconn), then their SYN retries. A boot
+    /// `http/slots.rs`), and past those the kernel's backlog (LISTEN_BACKLOG, capped by
+    /// net.core.somaxconn), then their SYN retries. A boot
     /// storm is served fastest by few connections at a time: at 10,000 nodes on 2 cores,
     /// 1,024 readied them sooner, with less CPU and a third of the memory of 8,192
     /// (BENCHMARKS.md). The price: where links are slow, this many long blob downloads
@@ -222,7 +222,7 @@ pub async fn serve(
             // node agent's call first (`slots`; told apart on plain connections only).
             let agent =
                 tls.is_none() && !slots.any_free() && super::slots::is_agent_call(&tcp).await;
-            let permit = tokio::select! {
+            let slot = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 slot = slots.acquire(agent) => slot,
             };
@@ -265,7 +265,7 @@ pub async fn serve(
             if let Err(e) = serving.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop(slot);
             drop(room);
         });
     }

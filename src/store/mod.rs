@@ -560,8 +560,10 @@ pub trait NodeStore: Send + Sync {
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// The node as a heartbeat needs it, with whether a revalidation request waits for
     /// it (a heartbeat writes only when one does); a backend may answer from memory
-    /// what it knows to be current.
-    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError>;
+    /// what it knows to be current. This default reads it.
+    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
+        self.node(mac).await
+    }
     /// Clears a pending revalidation request; true if there was one (answered once).
     async fn take_revalidate(&self, mac: &Mac) -> Result<bool, StoreError>;
     /// Nodes and when we last heard from them: the later of their last heartbeat and

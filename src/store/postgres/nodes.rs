@@ -448,9 +448,6 @@ impl NodeStore for PgStore {
         .await?;
         Ok(())
     }
-    async fn node_for_heartbeat(&self, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
-        self.node(mac).await
-    }
     async fn request_revalidate(&self, mac: &Mac) -> Result<bool, StoreError> {
         let mut tx = self.tx().await?;
         let n = sqlx::query("UPDATE nodes SET revalidate_requested = TRUE WHERE mac = $1")
