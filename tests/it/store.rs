@@ -78,6 +78,7 @@ on_both!(
     a_state_change_from_an_out_of_date_record_is_retried_from_the_store,
     a_change_through_a_state_writes_both_steps_or_neither,
     a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once,
+    a_boot_begun_after_the_clock_stepped_back_is_still_the_newest,
 );
 
 fn mac(i: u32) -> Mac {
@@ -392,6 +393,54 @@ async fn the_budget_holds_when_two_servers_decide_at_once(db: Db) {
     assert_eq!(reimaging, 2);
     a.close().await;
     b.close().await;
+}
+
+/// Runs `sql` on the database behind the store's back (what another clock wrote).
+async fn execute(db: &Db, sql: &'static str) {
+    match db {
+        Db::Sqlite(dir) => {
+            let path = dir.path().join("bootfleet.db");
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+                .await
+                .unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+        Db::Postgres(url) => {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+    }
+}
+
+/// The newest boot is the one begun last even when the clock stepped back between two
+/// boots (here: the first recorded an hour ahead of now): the database, which orders by
+/// creation time, and SQLite's boot cache, which keeps the last begun, agree on which
+/// token is current.
+async fn a_boot_begun_after_the_clock_stepped_back_is_still_the_newest(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let mac = mac(61);
+    store.discover(&mac, None, "test").await.unwrap();
+    open_boot(&store, &mac, "boot-1", &digest, None).await;
+    execute(
+        &db,
+        "UPDATE boots SET created_at_ms = created_at_ms + 3600000 WHERE id = 'boot-1'",
+    )
+    .await;
+    open_boot(&store, &mac, "boot-2", &digest, None).await;
+    let other = db.open().await;
+    for handle in [&store, &other] {
+        let old = handle.boot_for_attest("boot-1").await.unwrap().unwrap();
+        let new = handle.boot_for_attest("boot-2").await.unwrap().unwrap();
+        assert!(!old.latest && new.latest, "the boot begun last is current");
+        assert!(new.created_at_ms >= old.created_at_ms, "{new:?} {old:?}");
+    }
+    let boots = other.boot_facts(&mac, 10).await.unwrap();
+    assert_eq!(boots.first().map(|b| b.id.as_str()), Some("boot-2"));
+    store.close().await;
+    other.close().await;
 }
 
 /// What the agent API's token check reads of a boot follows every write at once: a newer

@@ -60,12 +60,18 @@ async fn write_attached(
     now: i64,
 ) -> Result<bool, StoreError> {
     let written = match *with {
+        // Never created before its node's newest boot (a clock stepped back, or another
+        // server's clock behind this one's), so that the newest by creation time is the
+        // one begun last.
         Attached::Boot(NewBoot {
             id,
             image,
             token_sha256,
             preboot_json,
-        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot) VALUES ($1, $2, $3, $4, $5, $6)")
+        }) => sqlx::query(
+            "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
+             VALUES ($1, $2, $3, $4, GREATEST($5, (SELECT MAX(created_at_ms) FROM boots WHERE mac = $2)), $6)",
+        )
             .bind(id)
             .bind(mac.to_string())
             .bind(image.to_string())

@@ -54,30 +54,21 @@ pub(super) async fn insert_history(
     Ok(())
 }
 
-/// Writes the row that belongs with a state change; false when the attestation was
-/// recorded before (the caller rolls back). A boot or verdict row that cannot be written
-/// (no such boot) is an error, not a replay.
+/// Writes the row that belongs with a state change and answers what it did to its boot
+/// (for the boot cache); `Replayed` when the attestation was recorded before (the caller
+/// rolls back). A boot or verdict row that cannot be written (no such boot) is an error,
+/// not a replay.
 async fn write_attached(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
     with: &Attached<'_>,
     now: i64,
-) -> Result<bool, StoreError> {
+) -> Result<AttachedWritten, StoreError> {
     let written = match *with {
-        Attached::Boot(NewBoot {
-            id,
-            image,
-            token_sha256,
-            preboot_json,
-        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot) VALUES (?, ?, ?, ?, ?, ?)")
-            .bind(id)
-            .bind(mac.to_string())
-            .bind(image.to_string())
-            .bind(token_sha256.to_string())
-            .bind(now)
-            .bind(preboot_json)
-            .execute(&mut *conn)
-            .await?,
+        Attached::Boot(ref boot) => {
+            let created_at_ms = insert_boot(conn, mac, boot, now).await?;
+            return Ok(AttachedWritten::Touched(Some(began(mac, boot, created_at_ms))));
+        }
         Attached::Attestation {
             boot_id,
             verdict_json,
@@ -100,18 +91,71 @@ async fn write_attached(
             .await?,
     };
     match (with, written.rows_affected()) {
-        (_, 1) => Ok(true),
-        (Attached::Attestation { .. }, _) => Ok(false),
+        (Attached::Attestation { boot_id, .. }, 1) => Ok(AttachedWritten::Touched(Some(
+            BootTouch::Attested(boot_id.to_string()),
+        ))),
+        (_, 1) => Ok(AttachedWritten::Touched(None)),
+        (Attached::Attestation { .. }, _) => Ok(AttachedWritten::Replayed),
         (_, n) => Err(StoreError::Corrupt(format!(
             "{n} rows written for a state change's attached row"
         ))),
     }
 }
 
+/// What writing a state change's attached row did.
+enum AttachedWritten {
+    /// Written; what it did to its boot, for the boot cache (a boot began, or was
+    /// attested; a validation leaves the cached boot as it is).
+    Touched(Option<BootTouch>),
+    /// The attestation was recorded before.
+    Replayed,
+}
+
+/// Inserts a boot and answers its creation time: `now`, or its node's newest boot's if
+/// the clock stepped back since that one, so that the newest boot by creation time (what
+/// the queries order by) is always the one begun last (what the boot cache keeps).
+async fn insert_boot(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    boot: &NewBoot<'_>,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let mac = mac.to_string();
+    Ok(sqlx::query_scalar(
+        "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
+         VALUES (?, ?, ?, ?, MAX(?, COALESCE((SELECT MAX(created_at_ms) FROM boots WHERE mac = ?), 0)), ?)
+         RETURNING created_at_ms",
+    )
+    .bind(boot.id)
+    .bind(&mac)
+    .bind(boot.image.to_string())
+    .bind(boot.token_sha256.to_string())
+    .bind(now)
+    .bind(&mac)
+    .bind(boot.preboot_json)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// The boot cache's entry for a boot just inserted, created at `created_at_ms`.
+fn began(mac: &Mac, boot: &NewBoot<'_>, created_at_ms: i64) -> BootTouch {
+    BootTouch::Began(
+        boot.id.to_string(),
+        BootForAttest {
+            mac: *mac,
+            image: *boot.image,
+            token_sha256: *boot.token_sha256,
+            created_at_ms,
+            latest: true,
+            attested: false,
+        },
+    )
+}
+
 /// One state change inside the caller's write transaction: the compare-and-set on
 /// `version` (the row as written comes back with it: no read after the commit), the row
-/// `with` that belongs with it, the history row and its event. Anything but `Done`
-/// leaves the caller to abandon the transaction.
+/// `with` that belongs with it, the history row and its event; with what the row did to
+/// its boot. Anything but `Done` leaves the caller to abandon the transaction.
 async fn change_in(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
@@ -120,7 +164,7 @@ async fn change_in(
     reason: &str,
     with: Option<&Attached<'_>>,
     now: i64,
-) -> Result<CasOutcome, StoreError> {
+) -> Result<(CasOutcome, Option<BootTouch>), StoreError> {
     let written: Option<NodeRow> = sqlx::query_as(concat!(
         "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
          WHERE mac = ? AND version = ? RETURNING ",
@@ -134,41 +178,18 @@ async fn change_in(
     .fetch_optional(&mut *conn)
     .await?;
     let Some(written) = written else {
-        return Ok(CasOutcome::Stale);
+        return Ok((CasOutcome::Stale, None));
     };
     let node = rows::node(written)?;
-    if let Some(with) = with
-        && !write_attached(conn, mac, with, now).await?
-    {
-        return Ok(CasOutcome::AlreadyAttested);
-    }
+    let touch = match with {
+        None => None,
+        Some(with) => match write_attached(conn, mac, with, now).await? {
+            AttachedWritten::Touched(touch) => touch,
+            AttachedWritten::Replayed => return Ok((CasOutcome::AlreadyAttested, None)),
+        },
+    };
     insert_history(conn, mac, Some(from), to, reason, now).await?;
-    Ok(CasOutcome::Done(Box::new(node)))
-}
-
-/// What a state change's attached row did to its boot, for the boot cache: a boot began
-/// (as `write_attached` inserted it, at `now`), or was attested.
-fn boot_touch(mac: &Mac, with: &Attached<'_>, now: i64) -> Option<BootTouch> {
-    match *with {
-        Attached::Boot(NewBoot {
-            id,
-            image,
-            token_sha256,
-            ..
-        }) => Some(BootTouch::Began(
-            id.to_string(),
-            BootForAttest {
-                mac: *mac,
-                image: *image,
-                token_sha256: *token_sha256,
-                created_at_ms: now,
-                latest: true,
-                attested: false,
-            },
-        )),
-        Attached::Attestation { boot_id, .. } => Some(BootTouch::Attested(boot_id.to_string())),
-        Attached::Validation { .. } => None,
-    }
+    Ok((CasOutcome::Done(Box::new(node)), touch))
 }
 
 async fn node_on(pool: &sqlx::SqlitePool, mac: &Mac) -> Result<Option<NodeRecord>, StoreError> {
@@ -418,9 +439,8 @@ impl NodeStore for SqliteStore {
         with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        let outcome = change_in(&mut tx, mac, version, (from, to), reason, with, now).await?;
-        self.end_change(tx, outcome, with, now).await
+        let changed = change_in(&mut tx, mac, version, (from, to), reason, with, now_ms()).await?;
+        self.end_change(tx, changed).await
     }
     /// Both changes in one writer's transaction: one trip through the write gate, one
     /// commit to wait for.
@@ -436,13 +456,13 @@ impl NodeStore for SqliteStore {
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        let mut outcome =
+        let mut changed =
             change_in(&mut tx, mac, version, (from, via), via_reason, None, now).await?;
-        if let CasOutcome::Done(passed) = &outcome {
+        if let (CasOutcome::Done(passed), _) = &changed {
             let version = passed.version;
-            outcome = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
+            changed = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
         }
-        self.end_change(tx, outcome, with, now).await
+        self.end_change(tx, changed).await
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> =
@@ -611,21 +631,18 @@ impl NodeStore for SqliteStore {
 }
 impl SqliteStore {
     /// Ends a state change's transaction: committed with its node's row (kept in the
-    /// cache) and what `with` did to its boot (kept in the boot cache) when it was done,
-    /// else abandoned; answers `outcome` once durable.
+    /// cache) and what its attached row did to its boot (kept in the boot cache) when it
+    /// was done, else abandoned; answers the outcome once durable.
     async fn end_change(
         &self,
         tx: super::WriteTx,
-        outcome: CasOutcome,
-        with: Option<&Attached<'_>>,
-        now: i64,
+        (outcome, touch): (CasOutcome, Option<BootTouch>),
     ) -> Result<CasOutcome, StoreError> {
         let CasOutcome::Done(node) = outcome else {
             tx.abandon().await?;
             return Ok(outcome);
         };
-        tx.commit_writing(&node, with.and_then(|w| boot_touch(&node.mac, w, now)))
-            .await?;
+        tx.commit_writing(&node, touch).await?;
         self.notify_events();
         Ok(CasOutcome::Done(node))
     }
