@@ -252,6 +252,8 @@ pub enum Attached<'a> {
     /// The boot's attestation verdict and report; a boot is attested once.
     Attestation {
         boot_id: &'a str,
+        /// The verdict's own `passed` (kept with the boot for the agent's later calls).
+        passed: bool,
         verdict_json: &'a str,
         report_json: &'a str,
     },
@@ -281,8 +283,25 @@ pub struct BootForAttest {
     pub created_at_ms: i64,
     /// The node's newest boot: a token from an older one has expired.
     pub latest: bool,
-    /// Attested already (a token attests once).
-    pub attested: bool,
+    /// When it attested (a token attests once), and whether the verdict passed.
+    pub attestation: Option<Attestation>,
+}
+
+impl BootForAttest {
+    pub fn attested(&self) -> bool {
+        self.attestation.is_some()
+    }
+    /// Attested, and the verdict passed: what validation and heartbeats may follow.
+    pub fn attested_and_passed(&self) -> bool {
+        self.attestation.is_some_and(|a| a.passed)
+    }
+}
+
+/// A boot's attestation as the agent API's checks need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attestation {
+    pub at_ms: i64,
+    pub passed: bool,
 }
 
 #[derive(Debug, PartialEq)]

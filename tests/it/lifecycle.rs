@@ -313,6 +313,13 @@ async fn attestation_compares_what_this_boot_actually_fetched() {
     let detail = node.node().await;
     assert_eq!(detail["state"], "attestation-failed");
     assert_eq!(detail["boots"][0]["stopped_at"], "kernel");
+    // Attested, but failed: its validation is refused.
+    let (status, answer) = node.validate(&boot, healthy()).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer.to_string().contains("has not passed attestation"),
+        "{answer}"
+    );
     server.stop().await;
 }
 

@@ -454,12 +454,13 @@ async fn a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once(d
     let node = open_boot(&store, &mac, "boot-1", &digest, None).await;
     for _ in 0..2 {
         let boot = store.boot_for_attest("boot-1").await.unwrap().unwrap();
-        assert!(boot.latest && !boot.attested && boot.mac == mac && boot.image == digest);
+        assert!(boot.latest && !boot.attested() && boot.mac == mac && boot.image == digest);
         assert_eq!(boot.token_sha256, Digest::of(b"token"));
     }
     let attest = Attached::Attestation {
         boot_id: "boot-1",
-        verdict_json: "{}",
+        passed: true,
+        verdict_json: r#"{"passed":true}"#,
         report_json: "{}",
     };
     let attested = store
@@ -475,7 +476,12 @@ async fn a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once(d
         .unwrap();
     assert!(matches!(attested, CasOutcome::Done(_)), "{attested:?}");
     let boot = store.boot_for_attest("boot-1").await.unwrap().unwrap();
-    assert!(boot.latest && boot.attested);
+    assert!(boot.latest && boot.attested_and_passed());
+    // As read from the database (another handle: no cache of this write).
+    let other = db.open().await;
+    let read = other.boot_for_attest("boot-1").await.unwrap().unwrap();
+    assert_eq!(read.attestation, boot.attestation, "as kept, so as stored");
+    other.close().await;
     let heard = store.node_for_heartbeat(&mac).await.unwrap().unwrap();
     assert_eq!(heard.state, NodeState::Validating);
     assert!(!heard.revalidate_requested);
@@ -484,7 +490,7 @@ async fn a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once(d
     let old = store.boot_for_attest("boot-1").await.unwrap().unwrap();
     assert!(!old.latest, "a newer boot expires the older token");
     let new = store.boot_for_attest("boot-2").await.unwrap().unwrap();
-    assert!(new.latest && !new.attested);
+    assert!(new.latest && !new.attested());
     assert!(store.boot_for_attest("boot-9").await.unwrap().is_none());
 
     assert!(store.request_revalidate(&mac).await.unwrap());
@@ -533,7 +539,8 @@ async fn a_boot_attests_once_across_servers(db: Db) {
     let node = open_boot(&a, &mac, "boot-1", &digest, None).await;
     let attest = Attached::Attestation {
         boot_id: "boot-1",
-        verdict_json: "{}",
+        passed: false,
+        verdict_json: r#"{"passed":false}"#,
         report_json: "{}",
     };
     let (x, y) = tokio::join!(
@@ -578,7 +585,7 @@ async fn a_boot_attests_once_across_servers(db: Db) {
         .unwrap();
     assert_eq!(replay, CasOutcome::AlreadyAttested);
     let boot = b.boot_for_attest("boot-1").await.unwrap().unwrap();
-    assert!(boot.attested && boot.latest);
+    assert!(boot.attested() && !boot.attested_and_passed() && boot.latest);
     assert_eq!(b.node(&mac).await.unwrap().unwrap().version, now.version);
     a.close().await;
     b.close().await;

@@ -195,7 +195,7 @@ impl NodeService {
         let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
         // A retry (the agent's answer was lost, or it timed out under load) gets the
         // verdict already given: a boot is judged once, and its report cannot change it.
-        if boot.attested {
+        if boot.attested() {
             return self.stored_verdict(&req.boot_id).await;
         }
         let Some(image) = self.image(&boot.image).await? else {
@@ -262,6 +262,7 @@ impl NodeService {
         // The verdict and the transition it causes commit together, or neither does.
         let attestation = Attached::Attestation {
             boot_id: &req.boot_id,
+            passed: verdict.passed,
             verdict_json: &json,
             report_json: &report,
         };

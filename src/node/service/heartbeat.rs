@@ -100,7 +100,7 @@ impl NodeService {
     ) -> Result<HeartbeatAnswer, AttestError> {
         // Alive means alive in the image it was judged to run: before a verdict, a
         // heartbeat would bring back an unreachable boot that never attested.
-        if !Self::claims(caller, &req.boot_id, &req.mac)?.attested {
+        if !Self::claims(caller, &req.boot_id, &req.mac)?.attested() {
             return Err(Refusal::NotAttested.into());
         }
         let store = &self.store;

@@ -11,7 +11,7 @@ impl NodeService {
         // Stage 1 fetches it before the image runs; the token stays readable on the node
         // (/proc/cmdline) for the agent, so once the boot has attested, no one gets the
         // node's files (keys among them) with it.
-        if boot.attested {
+        if boot.attested() {
             return Err(AttestError::Refused(
                 super::attest::Refusal::OverlayAfterAttest,
             ));

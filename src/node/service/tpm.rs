@@ -49,7 +49,7 @@ impl NodeService {
         req: &TpmChallengeRequest,
     ) -> Result<TpmChallengeAnswer, AttestError> {
         let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
-        if boot.attested {
+        if boot.attested() {
             return Err(AttestError::NotNow(format!(
                 "boot {} has attested: its TPM challenge is over",
                 req.boot_id

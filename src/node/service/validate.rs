@@ -34,19 +34,10 @@ impl NodeService {
         caller: &super::attest::Caller,
         req: &ValidateRequest,
     ) -> Result<ValidationVerdict, AttestError> {
+        // The token's boot as checked says whether it attested and passed: no read of
+        // its stored verdict.
         let boot = Self::claims(caller, &req.boot_id, &req.mac)?;
-        let store = &self.store;
-        let facts = store
-            .boot_by_id(&req.boot_id)
-            .await?
-            .ok_or(Refusal::BadToken)?;
-        let attested = facts
-            .verdict
-            .as_ref()
-            .and_then(|v| v.get("passed"))
-            .and_then(|p| p.as_bool())
-            == Some(true);
-        if !attested {
+        if !boot.attested_and_passed() {
             return Err(Refusal::NotAttested.into());
         }
         let Some(image) = self.image(&boot.image).await? else {
@@ -110,7 +101,7 @@ impl NodeService {
             .await
             .map_err(not_now)?;
         self.baselines.forget(&req.boot_id);
-        self.time_validated(&facts, &verdict);
+        self.time_validated(boot, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
         } else {
@@ -126,7 +117,7 @@ impl NodeService {
 
     /// Counts the verdict by the checks that failed, and times attest to validation and
     /// script to ready.
-    fn time_validated(&self, facts: &crate::store::BootFacts, verdict: &ValidationVerdict) {
+    fn time_validated(&self, boot: &crate::store::BootForAttest, verdict: &ValidationVerdict) {
         use crate::metrics::phase;
         let metrics = self.controller.metrics();
         metrics.validation(
@@ -134,11 +125,11 @@ impl NodeService {
             verdict.failures.iter().map(|f| f.check.as_str()),
         );
         let now = crate::clock::now_ms();
-        if let Some(attested) = facts.attested_at_ms {
-            metrics.boot_phase(phase::VALIDATE, (now - attested) as f64 / 1000.0);
+        if let Some(attested) = boot.attestation {
+            metrics.boot_phase(phase::VALIDATE, (now - attested.at_ms) as f64 / 1000.0);
         }
         if verdict.passed {
-            metrics.boot_phase(phase::READY, (now - facts.created_at_ms) as f64 / 1000.0);
+            metrics.boot_phase(phase::READY, (now - boot.created_at_ms) as f64 / 1000.0);
         }
     }
 

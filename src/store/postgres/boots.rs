@@ -6,28 +6,32 @@ use async_trait::async_trait;
 use super::PgStore;
 use crate::api::Mac;
 use crate::store::rows::{self, BootRow, parse_digest, select_boots};
-use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
+use crate::store::{Attestation, BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 #[async_trait]
 impl BootStore for PgStore {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
-        let row: Option<(String, String, String, i64, String, bool)> = sqlx::query_as(
+        let row: Option<(String, String, String, i64, String, Option<i64>, Option<bool>)> =
+            sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, seq DESC LIMIT 1),
-                    b.attested_at_ms IS NOT NULL
+                    b.attested_at_ms, (b.verdict::jsonb ->> 'passed') = 'true'
              FROM boots b WHERE b.id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(mac, image, token, at, latest, attested)| {
+        row.map(|(mac, image, token, at, latest, attested_at, passed)| {
             Ok(BootForAttest {
                 mac: rows::mac(&mac)?,
                 image: parse_digest(&image)?,
                 token_sha256: parse_digest(&token)?,
                 created_at_ms: at,
                 latest: latest == id,
-                attested,
+                attestation: attested_at.map(|at_ms| Attestation {
+                    at_ms,
+                    passed: passed == Some(true),
+                }),
             })
         })
         .transpose()

@@ -84,6 +84,7 @@ async fn write_attached(
             boot_id,
             verdict_json,
             report_json,
+            ..
         } => sqlx::query("UPDATE boots SET attested_at_ms = $1, verdict = $2, report = $3 WHERE id = $4 AND attested_at_ms IS NULL")
             .bind(now)
             .bind(verdict_json)

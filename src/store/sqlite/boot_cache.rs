@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::api::{Digest, Mac};
-use crate::store::BootForAttest;
+use crate::store::{Attestation, BootForAttest};
 
 /// Past this many boots the cache starts over (one a node; bounded like `node_cache`).
 const MAX_ENTRIES: usize = 200_000;
@@ -29,7 +29,7 @@ pub(crate) enum BootTouch {
     /// Boot `id` of `mac` began (its row was inserted): now the node's newest.
     Began(String, BootForAttest),
     /// Boot `id` was attested.
-    Attested(String),
+    Attested(String, Attestation),
     /// Something else about `mac` changed (or it was removed): forget its boot.
     Forget(Mac),
     /// The boots of this image were removed with it.
@@ -95,9 +95,9 @@ impl BootCache {
         inner.epoch += 1;
         match touch {
             BootTouch::Began(id, boot) => inner.keep(id, boot),
-            BootTouch::Attested(id) => {
+            BootTouch::Attested(id, attestation) => {
                 if let Some(boot) = inner.boots.get_mut(&id) {
-                    boot.attested = true;
+                    boot.attestation = Some(attestation);
                 }
             }
             BootTouch::Forget(mac) => inner.forget(&mac),
@@ -131,7 +131,7 @@ mod tests {
             token_sha256: Digest::of(b"token"),
             created_at_ms: 1,
             latest: true,
-            attested: false,
+            attestation: None,
         }
     }
 
@@ -146,7 +146,7 @@ mod tests {
         assert!(cache.get("b1").is_some());
         cache.apply(BootTouch::Began("b2".into(), boot(A, 1)));
         assert!(cache.get("b1").is_none(), "an older boot is read, not kept");
-        assert!(cache.get("b2").is_some_and(|b| b.latest && !b.attested));
+        assert!(cache.get("b2").is_some_and(|b| b.latest && !b.attested()));
         assert!(cache.get("c1").is_some(), "another node's boot stays");
     }
 
@@ -154,10 +154,18 @@ mod tests {
     fn an_attestation_marks_the_kept_boot() {
         let cache = BootCache::default();
         cache.apply(BootTouch::Began("b1".into(), boot(A, 1)));
-        cache.apply(BootTouch::Attested("b1".into()));
-        assert!(cache.get("b1").is_some_and(|b| b.attested));
+        let passed = Attestation {
+            at_ms: 2,
+            passed: true,
+        };
+        cache.apply(BootTouch::Attested("b1".into(), passed));
+        assert!(
+            cache
+                .get("b1")
+                .is_some_and(|b| b.attestation == Some(passed))
+        );
         // Of a boot not kept: nothing to mark, nothing kept.
-        cache.apply(BootTouch::Attested("b9".into()));
+        cache.apply(BootTouch::Attested("b9".into(), passed));
         assert!(cache.get("b9").is_none());
     }
 

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use super::SqliteStore;
 use crate::api::Mac;
 use crate::store::rows::{self, BootRow, parse_digest, select_boots};
-use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
+use crate::store::{Attestation, BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 #[async_trait]
 impl BootStore for SqliteStore {
@@ -17,16 +17,17 @@ impl BootStore for SqliteStore {
             return Ok(Some(boot));
         }
         let epoch = self.boot_cache.epoch();
-        let row: Option<(String, String, String, i64, String, bool)> = sqlx::query_as(
+        let row: Option<(String, String, String, i64, String, Option<i64>, Option<bool>)> =
+            sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1),
-                    b.attested_at_ms IS NOT NULL
+                    b.attested_at_ms, json_extract(b.verdict, '$.passed')
              FROM boots b WHERE b.id = ?",
         )
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(mac, image, token, at, latest, attested)| {
+        row.map(|(mac, image, token, at, latest, attested_at, passed)| {
             Ok(BootForAttest {
                 mac: mac
                     .parse()
@@ -35,7 +36,10 @@ impl BootStore for SqliteStore {
                 token_sha256: parse_digest(&token)?,
                 created_at_ms: at,
                 latest: latest == id,
-                attested,
+                attestation: attested_at.map(|at_ms| Attestation {
+                    at_ms,
+                    passed: passed == Some(true),
+                }),
             })
         })
         .transpose()

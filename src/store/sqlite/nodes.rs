@@ -12,8 +12,8 @@ use crate::api::{Mac, NodeState};
 use crate::clock::now_ms;
 use crate::store::rows::{self, NodeRow, select_nodes};
 use crate::store::{
-    Attached, BootForAttest, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore, ReimageDecision,
-    ReimageOutcome, ReimageRule, StoreError,
+    Attached, Attestation, BootForAttest, CasOutcome, KeyClaim, NewBoot, NodeRecord, NodeStore,
+    ReimageDecision, ReimageOutcome, ReimageRule, StoreError,
 };
 
 /// The history row and the event of a state change; always in the transaction of the
@@ -73,6 +73,7 @@ async fn write_attached(
             boot_id,
             verdict_json,
             report_json,
+            ..
         } => sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
             .bind(now)
             .bind(verdict_json)
@@ -91,9 +92,18 @@ async fn write_attached(
             .await?,
     };
     match (with, written.rows_affected()) {
-        (Attached::Attestation { boot_id, .. }, 1) => Ok(AttachedWritten::Touched(Some(
-            BootTouch::Attested(boot_id.to_string()),
-        ))),
+        (
+            Attached::Attestation {
+                boot_id, passed, ..
+            },
+            1,
+        ) => Ok(AttachedWritten::Touched(Some(BootTouch::Attested(
+            boot_id.to_string(),
+            Attestation {
+                at_ms: now,
+                passed: *passed,
+            },
+        )))),
         (_, 1) => Ok(AttachedWritten::Touched(None)),
         (Attached::Attestation { .. }, _) => Ok(AttachedWritten::Replayed),
         (_, n) => Err(StoreError::Corrupt(format!(
@@ -147,7 +157,7 @@ fn began(mac: &Mac, boot: &NewBoot<'_>, created_at_ms: i64) -> BootTouch {
             token_sha256: *boot.token_sha256,
             created_at_ms,
             latest: true,
-            attested: false,
+            attestation: None,
         },
     )
 }
