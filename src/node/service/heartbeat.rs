@@ -24,30 +24,39 @@ fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
         .validation
         .as_ref()
         .and_then(|v| serde_json::from_value::<Vec<String>>(v.get("gpus")?.clone()).ok());
-    Some(Baseline {
-        kernel_release: report.kernel_release,
-        cmdline: report.cmdline,
-        versions: report.versions,
-        modules: report.modules,
-        gpus,
-    })
+    Some(attested_baseline(&report, gpus))
 }
 
-/// Each boot's drift baseline, kept once read: a heartbeat of a ready node compared its
+fn attested_baseline(report: &AttestReport, gpus: Option<Vec<String>>) -> Baseline {
+    Baseline {
+        kernel_release: report.kernel_release.clone(),
+        cmdline: report.cmdline.clone(),
+        versions: report.versions.clone(),
+        modules: report.modules.clone(),
+        gpus,
+    }
+}
+
+/// Each boot's drift baseline, kept once known: a heartbeat of a ready node compared its
 /// facts with a baseline read and parsed from the boot row (two queries and a JSON parse)
 /// every time, though a boot's attestation never changes and its validation only when
-/// it is validated again (which forgets the entry here). Bounded: past `BASELINES_MAX`
-/// entries it starts over (a fleet's nodes each have one current boot). Another server's
-/// revalidation of a boot is not seen here until this server restarts or starts over;
-/// a passed revalidation within one boot names the GPUs the first one did.
+/// it is validated again. A passed attestation here keeps its part (no GPUs yet: not
+/// served to heartbeats), which a validation here completes; a boot attested or
+/// validated by another server is read from the store at its first heartbeat here.
+/// Bounded: past `BASELINES_MAX` entries it starts over (a fleet's nodes each have one
+/// current boot). Another server's revalidation of a boot is not seen here until this
+/// server restarts or starts over; a passed revalidation within one boot names the GPUs
+/// the first one did.
 #[derive(Default)]
 pub struct Baselines(std::sync::Mutex<std::collections::HashMap<String, Arc<Baseline>>>);
 
 const BASELINES_MAX: usize = 65_536;
 
 impl Baselines {
+    /// A validated boot's baseline (one only attested here is not final).
     fn get(&self, boot_id: &str) -> Option<Arc<Baseline>> {
-        self.0.lock().expect("not poisoned").get(boot_id).cloned()
+        let all = self.0.lock().expect("not poisoned");
+        all.get(boot_id).filter(|b| b.gpus.is_some()).cloned()
     }
 
     fn keep(&self, boot_id: &str, baseline: Arc<Baseline>) {
@@ -58,9 +67,21 @@ impl Baselines {
         all.insert(boot_id.to_string(), baseline);
     }
 
-    /// The boot was validated again: its GPUs may differ.
-    pub fn forget(&self, boot_id: &str) {
-        self.0.lock().expect("not poisoned").remove(boot_id);
+    /// The boot passed its attestation here: what its heartbeats will be compared with,
+    /// but for the GPUs its validation will name.
+    pub fn attested(&self, boot_id: &str, report: &AttestReport) {
+        self.keep(boot_id, Arc::new(attested_baseline(report, None)));
+    }
+
+    /// The boot was validated (again) here with `gpus`: its baseline, if kept, is
+    /// complete (or its GPUs replaced); if not, its first heartbeat reads it.
+    pub fn validated(&self, boot_id: &str, gpus: Vec<String>) {
+        let mut all = self.0.lock().expect("not poisoned");
+        if let Some(kept) = all.get_mut(boot_id) {
+            let mut baseline = Baseline::clone(kept);
+            baseline.gpus = Some(gpus);
+            *kept = Arc::new(baseline);
+        }
     }
 }
 
@@ -176,5 +197,48 @@ impl NodeService {
             return Ok(answer(NextAction::Revalidate, drift));
         }
         Ok(answer(NextAction::None, drift))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> AttestReport {
+        AttestReport {
+            image_digest: crate::api::Digest::of(b"image"),
+            kernel_release: "6.1.0-18-amd64".into(),
+            cmdline: "console=ttyS0".into(),
+            versions: [("nvidia-driver".to_string(), "550.54.15".to_string())].into(),
+            artifacts: Vec::new(),
+            modules: Default::default(),
+            verity_root_hash: None,
+            stage1_failure: None,
+        }
+    }
+
+    #[test]
+    fn an_attested_baseline_is_served_once_its_validation_names_the_gpus() {
+        let kept = Baselines::default();
+        kept.attested("b1", &report());
+        assert!(kept.get("b1").is_none(), "no GPUs yet: read from the store");
+        kept.validated("b1", vec!["GPU-1".into()]);
+        let baseline = kept.get("b1").expect("complete");
+        assert_eq!(baseline.gpus.as_deref(), Some(&["GPU-1".to_string()][..]));
+        assert_eq!(baseline.kernel_release, "6.1.0-18-amd64");
+        // A revalidation here replaces the GPUs.
+        kept.validated("b1", vec!["GPU-2".into()]);
+        let again = kept.get("b1").expect("complete");
+        assert_eq!(again.gpus.as_deref(), Some(&["GPU-2".to_string()][..]));
+    }
+
+    #[test]
+    fn a_validation_of_a_boot_attested_elsewhere_keeps_nothing() {
+        let kept = Baselines::default();
+        kept.validated("b2", vec!["GPU-1".into()]);
+        assert!(
+            kept.get("b2").is_none(),
+            "its first heartbeat reads the store"
+        );
     }
 }

@@ -100,7 +100,8 @@ impl NodeService {
             )
             .await
             .map_err(not_now)?;
-        self.baselines.forget(&req.boot_id);
+        let validated = req.report.gpus.iter().map(|g| g.uuid.clone()).collect();
+        self.baselines.validated(&req.boot_id, validated);
         self.time_validated(boot, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
