@@ -79,6 +79,7 @@ on_both!(
     a_change_through_a_state_writes_both_steps_or_neither,
     a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once,
     a_boot_begun_after_the_clock_stepped_back_is_still_the_newest,
+    a_uuid_kept_by_another_server_stays_the_nodes,
 );
 
 fn mac(i: u32) -> Mac {
@@ -441,6 +442,26 @@ async fn a_boot_begun_after_the_clock_stepped_back_is_still_the_newest(db: Db) {
     assert_eq!(boots.first().map(|b| b.id.as_str()), Some("boot-2"));
     store.close().await;
     other.close().await;
+}
+
+/// A node known to both servers offers its UUID to each: the first kept stays, even
+/// where the other server's memory still holds the node without one.
+async fn a_uuid_kept_by_another_server_stays_the_nodes(db: Db) {
+    let (a, b) = (db.open().await, db.open().await);
+    let mac = mac(62);
+    a.discover(&mac, None, "test").await.unwrap();
+    b.discover(&mac, None, "test").await.unwrap();
+    let (kept, _) = b.discover(&mac, Some("uuid-b"), "test").await.unwrap();
+    assert_eq!(kept.uuid.as_deref(), Some("uuid-b"));
+    let (found, new) = a.discover(&mac, Some("uuid-a"), "test").await.unwrap();
+    assert!(!new);
+    assert_eq!(found.uuid.as_deref(), Some("uuid-b"));
+    assert_eq!(
+        a.node(&mac).await.unwrap().unwrap().uuid.as_deref(),
+        Some("uuid-b")
+    );
+    a.close().await;
+    b.close().await;
 }
 
 /// What the agent API's token check reads of a boot follows every write at once: a newer

@@ -300,8 +300,16 @@ impl NodeStore for SqliteStore {
     ) -> Result<Option<(NodeRecord, bool)>, StoreError> {
         // A node already known, whose UUID is kept or not offered, would be written to
         // for nothing: every DHCP exchange and boot script of a known node asks.
-        if let Some(node) = self.node_cache.get(mac)
+        let cached = self.node_cache.get(mac);
+        if let Some(node) = &cached
             && (uuid.is_none() || node.uuid.is_some())
+        {
+            return Ok(Some((node.clone(), false)));
+        }
+        // A node known here whose first UUID this is (registered by MAC, then booted):
+        // one statement, not the general path's four.
+        if let (Some(uuid), Some(_)) = (uuid, cached)
+            && let Some(node) = self.first_uuid(mac, uuid).await?
         {
             return Ok(Some((node, false)));
         }
@@ -640,6 +648,26 @@ impl NodeStore for SqliteStore {
     }
 }
 impl SqliteStore {
+    /// Keeps `uuid` as known node `mac`'s first; None when the node is gone or has a
+    /// UUID already (the general path then answers).
+    async fn first_uuid(&self, mac: &Mac, uuid: &str) -> Result<Option<NodeRecord>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let updated: Option<NodeRow> = sqlx::query_as(concat!(
+            "UPDATE nodes SET uuid = ? WHERE mac = ? AND uuid IS NULL RETURNING ",
+            rows::node_columns!()
+        ))
+        .bind(uuid)
+        .bind(mac.to_string())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = updated else {
+            tx.abandon().await?;
+            return Ok(None);
+        };
+        let node = rows::node(row)?;
+        tx.commit_writing(&node, None).await?;
+        Ok(Some(node))
+    }
     /// Ends a state change's transaction: committed with its node's row (kept in the
     /// cache) and what its attached row did to its boot (kept in the boot cache) when it
     /// was done, else abandoned; answers the outcome once durable.
