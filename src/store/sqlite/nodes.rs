@@ -26,31 +26,59 @@ pub(super) async fn insert_history(
     reason: &str,
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    let data = crate::api::event::NodeStateData {
-        from,
-        to,
-        reason: reason.to_string(),
+    insert_histories(conn, mac, &[(from, to, reason)], at_ms).await
+}
+
+macro_rules! history_and_event_sql {
+    () => {
+        concat!(
+            "INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES (?, ?, ?, ?, ?, ?); ",
+            super::events::insert_event_sql!(),
+            "; "
+        )
+    };
+}
+
+/// The history rows and events of one state change or two in a row, in one statement
+/// string: one round trip to the connection's thread, which a storm's state changes wait
+/// on inside the write gate.
+async fn insert_histories(
+    conn: &mut sqlx::SqliteConnection,
+    mac: &Mac,
+    steps: &[(Option<NodeState>, NodeState, &str)],
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    let sql = match steps.len() {
+        1 => history_and_event_sql!(),
+        2 => concat!(history_and_event_sql!(), history_and_event_sql!()),
+        n => {
+            return Err(StoreError::Corrupt(format!(
+                "{n} state changes in one write"
+            )));
+        }
     };
     let actor = crate::audit::actor();
-    // The history row and its event in one statement string: one round trip to the
-    // connection's thread, which a storm's state changes wait on inside the write gate.
-    sqlx::query(concat!(
-        "INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES (?, ?, ?, ?, ?, ?); ",
-        super::events::insert_event_sql!()
-    ))
-    .bind(mac.to_string())
-    .bind(from.map(NodeState::as_str))
-    .bind(to.as_str())
-    .bind(reason)
-    .bind(at_ms)
-    .bind(actor.clone())
-    .bind(at_ms)
-    .bind(crate::api::event::kind::NODE_STATE)
-    .bind(mac.to_string())
-    .bind(rows::event_data(&data)?)
-    .bind(actor)
-    .execute(&mut *conn)
-    .await?;
+    let mut query = sqlx::query(sql);
+    for &(from, to, reason) in steps {
+        let data = crate::api::event::NodeStateData {
+            from,
+            to,
+            reason: reason.to_string(),
+        };
+        query = query
+            .bind(mac.to_string())
+            .bind(from.map(NodeState::as_str))
+            .bind(to.as_str())
+            .bind(reason)
+            .bind(at_ms)
+            .bind(actor.clone())
+            .bind(at_ms)
+            .bind(crate::api::event::kind::NODE_STATE)
+            .bind(mac.to_string())
+            .bind(rows::event_data(&data)?)
+            .bind(actor.clone());
+    }
+    query.execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -162,26 +190,30 @@ fn began(mac: &Mac, boot: &NewBoot<'_>, created_at_ms: i64) -> BootTouch {
     )
 }
 
-/// One state change inside the caller's write transaction: the compare-and-set on
-/// `version` (the row as written comes back with it: no read after the commit), the row
-/// `with` that belongs with it, the history row and its event; with what the row did to
-/// its boot. Anything but `Done` leaves the caller to abandon the transaction.
+/// One state change, or two in a row (`steps`, each from, to and reason), inside the
+/// caller's write transaction: the compare-and-set on `version` (the row as written
+/// comes back with it: no read after the commit; one version a step), the row `with`
+/// that belongs with the last step, the history rows and their events; with what the
+/// row did to its boot. Anything but `Done` leaves the caller to abandon the transaction.
 async fn change_in(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
     version: i64,
-    (from, to): (NodeState, NodeState),
-    reason: &str,
+    steps: &[(NodeState, NodeState, &str)],
     with: Option<&Attached<'_>>,
     now: i64,
 ) -> Result<(CasOutcome, Option<BootTouch>), StoreError> {
+    let Some(&(_, to, reason)) = steps.last() else {
+        return Err(StoreError::Corrupt("a state change of no step".into()));
+    };
     let written: Option<NodeRow> = sqlx::query_as(concat!(
-        "UPDATE nodes SET state = ?, state_reason = ?, version = version + 1, updated_at_ms = ?
+        "UPDATE nodes SET state = ?, state_reason = ?, version = version + ?, updated_at_ms = ?
          WHERE mac = ? AND version = ? RETURNING ",
         rows::node_columns!()
     ))
     .bind(to.as_str())
     .bind(reason)
+    .bind(steps.len() as i64)
     .bind(now)
     .bind(mac.to_string())
     .bind(version)
@@ -198,7 +230,11 @@ async fn change_in(
             AttachedWritten::Replayed => return Ok((CasOutcome::AlreadyAttested, None)),
         },
     };
-    insert_history(conn, mac, Some(from), to, reason, now).await?;
+    let history: Vec<(Option<NodeState>, NodeState, &str)> = steps
+        .iter()
+        .map(|&(from, to, reason)| (Some(from), to, reason))
+        .collect();
+    insert_histories(conn, mac, &history, now).await?;
     Ok((CasOutcome::Done(Box::new(node)), touch))
 }
 
@@ -457,11 +493,13 @@ impl NodeStore for SqliteStore {
         with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
-        let changed = change_in(&mut tx, mac, version, (from, to), reason, with, now_ms()).await?;
+        let steps = [(from, to, reason)];
+        let changed = change_in(&mut tx, mac, version, &steps, with, now_ms()).await?;
         self.end_change(tx, changed).await
     }
-    /// Both changes in one writer's transaction: one trip through the write gate, one
-    /// commit to wait for.
+    /// Both changes in one writer's transaction (one trip through the write gate, one
+    /// commit to wait for) and in one row update (the node moves straight to `to`, its
+    /// version counting both steps; the history has each).
     async fn set_state_via(
         &self,
         mac: &Mac,
@@ -474,12 +512,8 @@ impl NodeStore for SqliteStore {
     ) -> Result<CasOutcome, StoreError> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        let mut changed =
-            change_in(&mut tx, mac, version, (from, via), via_reason, None, now).await?;
-        if let (CasOutcome::Done(passed), _) = &changed {
-            let version = passed.version;
-            changed = change_in(&mut tx, mac, version, (via, to), reason, with, now).await?;
-        }
+        let steps = [(from, via, via_reason), (via, to, reason)];
+        let changed = change_in(&mut tx, mac, version, &steps, with, now).await?;
         self.end_change(tx, changed).await
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
