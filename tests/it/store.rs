@@ -1008,10 +1008,29 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         .await
         .unwrap();
     assert_eq!(recorded, 1);
-    assert_eq!(store.fetches("boot-f").await.unwrap(), vec![fetch]);
+    assert_eq!(store.fetches("boot-f").await.unwrap(), vec![fetch.clone()]);
     let facts = store.boot_facts(&m, 5).await.unwrap();
     assert_eq!(facts.len(), 1);
     assert_eq!(facts[0].fetches.len(), 1);
+    // Many at once (more than one statement's worth on SQLite), interleaved with a
+    // made-up boot's: all of this boot's recorded, read back in the order given.
+    let many: Vec<(String, Fetch)> = (0..700)
+        .map(|i| {
+            let boot = if i % 7 == 3 { "made-up" } else { "boot-f" };
+            let fetch = Fetch {
+                started_at_ms: 1000 - i,
+                offset: i as u64,
+                ..fetch.clone()
+            };
+            (boot.to_string(), fetch)
+        })
+        .collect();
+    let recorded = store.record_fetches(&many).await.unwrap();
+    assert_eq!(recorded, 600);
+    let read = store.fetches("boot-f").await.unwrap();
+    let offsets: Vec<u64> = read.iter().skip(1).map(|f| f.offset).collect();
+    let given: Vec<u64> = (0..700u64).filter(|i| i % 7 != 3).collect();
+    assert_eq!(offsets, given);
     // Tags: a move, a repeat, history.
     let tag = bootfleet::api::refs::TagName::parse("demo:stable").unwrap();
     let moved = store.set_tag(&tag, &digest, "admin").await.unwrap();
