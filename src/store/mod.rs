@@ -252,7 +252,8 @@ pub enum Attached<'a> {
     /// The boot's attestation verdict and report; a boot is attested once.
     Attestation {
         boot_id: &'a str,
-        /// The verdict's own `passed` (kept with the boot for the agent's later calls).
+        /// `verdict_json`'s own `passed`, which it must equal (kept with the boot for the
+        /// agent's later calls; reads from the database take it from the verdict).
         passed: bool,
         verdict_json: &'a str,
         report_json: &'a str,
@@ -594,12 +595,11 @@ pub trait NodeStore: Send + Sync {
 #[async_trait]
 pub trait BootStore: Send + Sync {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError>;
-    /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
-    /// with a made-up boot id writes nothing.
     /// Records `fetches` in one transaction, one fsync for the lot: a boot storm's
     /// thousands of downloads, written one transaction each, kept attestation waiting
     /// seconds for the writer (measured with the boot-storm simulator). A fetch for a boot
-    /// that does not exist is skipped; returns how many were recorded.
+    /// that does not exist is skipped (a URL with a made-up boot id writes nothing);
+    /// returns how many were recorded.
     async fn record_fetches(&self, fetches: &[(String, Fetch)]) -> Result<usize, StoreError>;
     async fn fetches(&self, boot_id: &str) -> Result<Vec<Fetch>, StoreError>;
     /// The node's last `limit` boots, newest first, with their fetches.

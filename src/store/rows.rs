@@ -99,14 +99,25 @@ pub(crate) fn nodes(rows: Vec<NodeRow>) -> Result<Vec<NodeRecord>, StoreError> {
     rows.into_iter().map(node).collect()
 }
 
-/// Every node's state, labels and newest boot's image, the same on both backends (the
-/// newest boot by `boots_by_node`).
-pub(crate) const CENSUS: &str = "SELECT n.state, n.labels, n.updated_at_ms,
+/// Every node's state, labels and newest boot's image, the same on both backends but
+/// for the column that orders boots as inserted (the newest is the one begun last,
+/// whatever the clock said).
+macro_rules! census {
+    ($insertion_order:literal) => {
+        concat!(
+            "SELECT n.state, n.labels, n.updated_at_ms,
     (SELECT b.image_digest FROM boots b WHERE b.mac = n.mac
-      ORDER BY b.created_at_ms DESC LIMIT 1)
-  FROM nodes n";
+      ORDER BY b.",
+            $insertion_order,
+            " DESC LIMIT 1)
+  FROM nodes n"
+        )
+    };
+}
+pub(crate) const CENSUS_SQLITE: &str = census!("rowid");
+pub(crate) const CENSUS_POSTGRES: &str = census!("seq");
 
-/// `state, labels, updated_at_ms, newest boot's image` of `CENSUS`.
+/// `state, labels, updated_at_ms, newest boot's image` of `CENSUS_*`.
 pub(crate) type CensusTuple = (String, String, i64, Option<String>);
 
 pub(crate) fn census(rows: Vec<CensusTuple>) -> Result<Vec<crate::store::CensusRow>, StoreError> {

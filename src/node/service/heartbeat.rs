@@ -60,17 +60,17 @@ impl Baselines {
     }
 
     fn keep(&self, boot_id: &str, baseline: Arc<Baseline>) {
-        let mut all = self.0.lock().expect("not poisoned");
-        if all.len() >= BASELINES_MAX {
-            all.clear();
-        }
-        all.insert(boot_id.to_string(), baseline);
+        bounded_insert(&mut self.0.lock().expect("not poisoned"), boot_id, baseline);
     }
 
     /// The boot passed its attestation here: what its heartbeats will be compared with,
     /// but for the GPUs its validation will name.
+    /// Nothing kept already is replaced (a validation may have completed it).
     pub fn attested(&self, boot_id: &str, report: &AttestReport) {
-        self.keep(boot_id, Arc::new(attested_baseline(report, None)));
+        let mut all = self.0.lock().expect("not poisoned");
+        if !all.contains_key(boot_id) {
+            bounded_insert(&mut all, boot_id, Arc::new(attested_baseline(report, None)));
+        }
     }
 
     /// The boot was validated (again) here with `gpus`: its baseline, if kept, is
@@ -83,6 +83,18 @@ impl Baselines {
             *kept = Arc::new(baseline);
         }
     }
+}
+
+/// Past `BASELINES_MAX` entries the map starts over.
+fn bounded_insert(
+    all: &mut std::collections::HashMap<String, Arc<Baseline>>,
+    boot_id: &str,
+    baseline: Arc<Baseline>,
+) {
+    if all.len() >= BASELINES_MAX {
+        all.clear();
+    }
+    all.insert(boot_id.to_string(), baseline);
 }
 
 impl NodeService {
@@ -223,6 +235,8 @@ mod tests {
         kept.attested("b1", &report());
         assert!(kept.get("b1").is_none(), "no GPUs yet: read from the store");
         kept.validated("b1", vec!["GPU-1".into()]);
+        // A late second attestation (a retry's) leaves the complete one.
+        kept.attested("b1", &report());
         let baseline = kept.get("b1").expect("complete");
         assert_eq!(baseline.gpus.as_deref(), Some(&["GPU-1".to_string()][..]));
         assert_eq!(baseline.kernel_release, "6.1.0-18-amd64");

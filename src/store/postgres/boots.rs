@@ -11,11 +11,18 @@ use crate::store::{Attestation, BootFacts, BootForAttest, BootStore, Fetch, Stor
 #[async_trait]
 impl BootStore for PgStore {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
-        let row: Option<(String, String, String, i64, String, Option<i64>, Option<bool>)> =
-            sqlx::query_as(
+        let row: Option<(
+            String,
+            String,
+            String,
+            i64,
+            String,
+            Option<i64>,
+            Option<bool>,
+        )> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
-                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, seq DESC LIMIT 1),
-                    b.attested_at_ms, (b.verdict::jsonb ->> 'passed') = 'true'
+                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY seq DESC LIMIT 1),
+                    b.attested_at_ms, (b.verdict::json ->> 'passed') = 'true'
              FROM boots b WHERE b.id = $1",
         )
         .bind(id)
@@ -70,13 +77,12 @@ impl BootStore for PgStore {
         rows::fetches(rows)
     }
     async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
-        let rows: Vec<BootRow> = sqlx::query_as(select_boots!(
-            "WHERE mac = $1 ORDER BY created_at_ms DESC, seq DESC LIMIT $2"
-        ))
-        .bind(mac.to_string())
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<BootRow> =
+            sqlx::query_as(select_boots!("WHERE mac = $1 ORDER BY seq DESC LIMIT $2"))
+                .bind(mac.to_string())
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let fetches = self.fetches(&row.0).await?;

@@ -60,18 +60,12 @@ async fn write_attached(
     now: i64,
 ) -> Result<bool, StoreError> {
     let written = match *with {
-        // Never created before its node's newest boot (a clock stepped back, or another
-        // server's clock behind this one's), so that the newest by creation time is the
-        // one begun last.
         Attached::Boot(NewBoot {
             id,
             image,
             token_sha256,
             preboot_json,
-        }) => sqlx::query(
-            "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
-             VALUES ($1, $2, $3, $4, GREATEST($5, (SELECT MAX(created_at_ms) FROM boots WHERE mac = $2)), $6)",
-        )
+        }) => sqlx::query("INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(id)
             .bind(mac.to_string())
             .bind(image.to_string())
@@ -199,8 +193,9 @@ impl NodeStore for PgStore {
         rows::nodes(rows)
     }
     async fn census(&self) -> Result<Vec<crate::store::CensusRow>, StoreError> {
-        let rows: Vec<rows::CensusTuple> =
-            sqlx::query_as(rows::CENSUS).fetch_all(&self.pool).await?;
+        let rows: Vec<rows::CensusTuple> = sqlx::query_as(rows::CENSUS_POSTGRES)
+            .fetch_all(&self.pool)
+            .await?;
         rows::census(rows)
     }
     async fn discover_within(

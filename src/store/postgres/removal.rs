@@ -75,7 +75,7 @@ impl RemovalStore for PgStore {
         let last_booted: Vec<(String, String)> = sqlx::query_as(
             "SELECT n.mac, n.state FROM nodes n WHERE
              (SELECT b.image_digest FROM boots b WHERE b.mac = n.mac
-              ORDER BY b.created_at_ms DESC, b.seq DESC LIMIT 1) = $1 ORDER BY n.mac",
+              ORDER BY b.seq DESC LIMIT 1) = $1 ORDER BY n.mac",
         )
         .bind(digest.to_string())
         .fetch_all(&self.pool)

@@ -332,7 +332,7 @@ impl RolloutStore for PgStore {
 
     async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError> {
         let found: Option<(String, i64)> = sqlx::query_as(
-            "SELECT image_digest, created_at_ms FROM boots WHERE mac = $1 ORDER BY created_at_ms DESC, seq DESC LIMIT 1",
+            "SELECT image_digest, created_at_ms FROM boots WHERE mac = $1 ORDER BY seq DESC LIMIT 1",
         )
         .bind(mac.to_string())
         .fetch_optional(&self.pool)

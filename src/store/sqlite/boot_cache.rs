@@ -11,8 +11,8 @@
 //! the newest boot of a node is kept: an older boot's token misses, is read, and is
 //! refused as expired as before.
 //!
-//! "Newest" here is the last begun; the database orders by creation time, then insertion.
-//! The two differ only if the clock stepped back between two boots of one node.
+//! "Newest" here is the last begun, as in the database (the boot inserted last, whatever
+//! the clock said).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -20,10 +20,17 @@ impl BootStore for SqliteStore {
             return Ok(Some(boot));
         }
         let epoch = self.boot_cache.epoch();
-        let row: Option<(String, String, String, i64, String, Option<i64>, Option<bool>)> =
-            sqlx::query_as(
+        let row: Option<(
+            String,
+            String,
+            String,
+            i64,
+            String,
+            Option<i64>,
+            Option<bool>,
+        )> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
-                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY created_at_ms DESC, rowid DESC LIMIT 1),
+                    (SELECT id FROM boots WHERE mac = b.mac ORDER BY rowid DESC LIMIT 1),
                     b.attested_at_ms, json_extract(b.verdict, '$.passed')
              FROM boots b WHERE b.id = ?",
         )
@@ -52,13 +59,7 @@ impl BootStore for SqliteStore {
             }
         })
     }
-    /// Records a fetch for `boot_id`; ignored (false) when no such boot exists, so a URL
-    /// with a made-up boot id writes nothing.
-    /// Records `fetches` in one transaction, one fsync for the lot: a boot storm's
-    /// thousands of downloads, written one transaction each, kept attestation waiting
-    /// seconds for the writer (measured with the boot-storm simulator). A fetch for a boot
-    /// that does not exist is skipped; returns how many were recorded.
-    /// Records `fetches` in one statement for up to `FETCHES_A_STATEMENT` of them (each a
+    /// Records `fetches` in one transaction, and in one statement for up to `FETCHES_A_STATEMENT` of them (each a
     /// trip to the connection's thread): fetches for boots that do not exist are skipped
     /// (a made-up boot id writes nothing); returns how many were recorded.
     async fn record_fetches(&self, fetches: &[(String, Fetch)]) -> Result<usize, StoreError> {
@@ -100,13 +101,12 @@ impl BootStore for SqliteStore {
     }
     /// The node's last `limit` boots, newest first, with their fetches.
     async fn boot_facts(&self, mac: &Mac, limit: i64) -> Result<Vec<BootFacts>, StoreError> {
-        let rows: Vec<BootRow> = sqlx::query_as(select_boots!(
-            "WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT ?"
-        ))
-        .bind(mac.to_string())
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<BootRow> =
+            sqlx::query_as(select_boots!("WHERE mac = ? ORDER BY rowid DESC LIMIT ?"))
+                .bind(mac.to_string())
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             out.push(self.facts_from_row(row).await?);

@@ -94,8 +94,8 @@ async fn write_attached(
 ) -> Result<AttachedWritten, StoreError> {
     let written = match *with {
         Attached::Boot(ref boot) => {
-            let created_at_ms = insert_boot(conn, mac, boot, now).await?;
-            return Ok(AttachedWritten::Touched(Some(began(mac, boot, created_at_ms))));
+            insert_boot(conn, mac, boot, now).await?;
+            return Ok(AttachedWritten::Touched(Some(began(mac, boot, now))));
         }
         Attached::Attestation {
             boot_id,
@@ -149,30 +149,27 @@ enum AttachedWritten {
     Replayed,
 }
 
-/// Inserts a boot and answers its creation time: `now`, or its node's newest boot's if
-/// the clock stepped back since that one, so that the newest boot by creation time (what
-/// the queries order by) is always the one begun last (what the boot cache keeps).
+/// Inserts a boot, created at `now`. A node's newest boot is the one inserted last
+/// (rowid), which is the one the boot cache keeps, whatever the clock did between them.
 async fn insert_boot(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
     boot: &NewBoot<'_>,
     now: i64,
-) -> Result<i64, StoreError> {
-    let mac = mac.to_string();
-    Ok(sqlx::query_scalar(
+) -> Result<(), StoreError> {
+    sqlx::query(
         "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
-         VALUES (?, ?, ?, ?, MAX(?, COALESCE((SELECT MAX(created_at_ms) FROM boots WHERE mac = ?), 0)), ?)
-         RETURNING created_at_ms",
+         VALUES (?, ?, ?, ?, ?, ?)",
     )
     .bind(boot.id)
-    .bind(&mac)
+    .bind(mac.to_string())
     .bind(boot.image.to_string())
     .bind(boot.token_sha256.to_string())
     .bind(now)
-    .bind(&mac)
     .bind(boot.preboot_json)
-    .fetch_one(&mut *conn)
-    .await?)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// The boot cache's entry for a boot just inserted, created at `created_at_ms`.
@@ -322,7 +319,7 @@ impl NodeStore for SqliteStore {
         rows::nodes(rows)
     }
     async fn census(&self) -> Result<Vec<crate::store::CensusRow>, StoreError> {
-        let rows: Vec<rows::CensusTuple> = sqlx::query_as(rows::CENSUS)
+        let rows: Vec<rows::CensusTuple> = sqlx::query_as(rows::CENSUS_SQLITE)
             .fetch_all(&self.read_pool)
             .await?;
         rows::census(rows)

@@ -338,7 +338,7 @@ impl RolloutStore for SqliteStore {
 
     async fn latest_boot(&self, mac: &Mac) -> Result<Option<(Digest, i64)>, StoreError> {
         let found: Option<(String, i64)> = sqlx::query_as(
-            "SELECT image_digest, created_at_ms FROM boots WHERE mac = ? ORDER BY created_at_ms DESC, rowid DESC LIMIT 1",
+            "SELECT image_digest, created_at_ms FROM boots WHERE mac = ? ORDER BY rowid DESC LIMIT 1",
         )
         .bind(mac.to_string())
         .fetch_optional(&self.pool)
