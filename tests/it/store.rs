@@ -1091,9 +1091,11 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         KeyClaim::Claimed
     );
     other.close().await;
-    // Broken blobs: marked once, listed, cleared by a re-publish.
+    // Broken blobs: marked once, listed, cleared by a re-publish (each list read
+    // before a write, so that one kept in memory must follow the write).
     let rot = Digest::of(b"rotten");
     let marks = [(rot, "blob is missing".to_string())];
+    assert_eq!(store.broken_blobs().await.unwrap(), vec![]);
     assert_eq!(
         store.mark_blobs_broken(&marks).await.unwrap(),
         0,

@@ -282,7 +282,9 @@ impl ImageStore for SqliteStore {
                 events += 1;
             }
         }
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        self.broken_blobs.forget();
+        committed?;
         self.notify_events();
         Ok(events)
     }
@@ -297,17 +299,27 @@ impl ImageStore for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        tx.commit().await?;
+        let committed = tx.commit().await;
+        self.broken_blobs.forget();
+        committed?;
         Ok(())
     }
+    /// Kept in memory between writes to it (every boot script asks).
     async fn broken_blobs(&self) -> Result<Vec<(Digest, String)>, StoreError> {
+        let epoch = match self.broken_blobs.get() {
+            Ok(kept) => return Ok(kept),
+            Err(epoch) => epoch,
+        };
         let rows: Vec<(String, String)> =
             sqlx::query_as("SELECT digest, reason FROM broken_blobs ORDER BY digest")
                 .fetch_all(&self.pool)
                 .await?;
-        rows.into_iter()
+        let broken = rows
+            .into_iter()
             .map(|(d, reason)| Ok((parse_digest(&d)?, reason)))
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        self.broken_blobs.fill(epoch, broken.clone());
+        Ok(broken)
     }
 }
 

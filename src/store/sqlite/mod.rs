@@ -7,6 +7,7 @@ mod boots;
 mod events;
 mod group_commit;
 mod images;
+mod kept;
 mod leaders;
 mod leases;
 mod node_cache;
@@ -84,6 +85,8 @@ pub struct SqliteStore {
     /// Each node's newest boot for the agent API's token check (`boot_for_attest`);
     /// kept by the write gate's closer.
     boot_cache: std::sync::Arc<boot_cache::BootCache>,
+    /// The broken-blob list every boot script checks; forgotten by its two writers.
+    broken_blobs: std::sync::Arc<kept::Kept<Vec<(crate::api::Digest, String)>>>,
 }
 
 pub(crate) use group_commit::WriteTx;
@@ -137,6 +140,7 @@ impl SqliteStore {
             events_written: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
             node_cache,
             boot_cache,
+            broken_blobs: Default::default(),
         })
     }
     /// A write transaction: this writer's part of a shared commit (`group_commit`).
