@@ -514,3 +514,32 @@ pub(crate) fn tpm_challenge(
         issued_at_ms,
     })
 }
+
+/// A boot as the token check reads it: mac, image, token hash, created, the node's newest
+/// boot's id, attested at, the verdict's `passed`.
+pub(crate) type BootForAttestRow = (
+    String,
+    String,
+    String,
+    i64,
+    String,
+    Option<i64>,
+    Option<bool>,
+);
+
+pub(crate) fn boot_for_attest(
+    id: &str,
+    (mac_text, image, token, created_at_ms, latest, attested_at, passed): BootForAttestRow,
+) -> Result<crate::store::BootForAttest, StoreError> {
+    Ok(crate::store::BootForAttest {
+        mac: mac(&mac_text)?,
+        image: parse_digest(&image)?,
+        token_sha256: parse_digest(&token)?,
+        created_at_ms,
+        latest: latest == id,
+        attestation: attested_at.map(|at_ms| crate::store::Attestation {
+            at_ms,
+            passed: passed == Some(true),
+        }),
+    })
+}

@@ -5,21 +5,13 @@ use async_trait::async_trait;
 
 use super::PgStore;
 use crate::api::Mac;
-use crate::store::rows::{self, BootRow, parse_digest, select_boots};
-use crate::store::{Attestation, BootFacts, BootForAttest, BootStore, Fetch, StoreError};
+use crate::store::rows::{self, BootRow, select_boots};
+use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 #[async_trait]
 impl BootStore for PgStore {
     async fn boot_for_attest(&self, id: &str) -> Result<Option<BootForAttest>, StoreError> {
-        let row: Option<(
-            String,
-            String,
-            String,
-            i64,
-            String,
-            Option<i64>,
-            Option<bool>,
-        )> = sqlx::query_as(
+        let row: Option<rows::BootForAttestRow> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY seq DESC LIMIT 1),
                     b.attested_at_ms, (b.verdict::json ->> 'passed') = 'true'
@@ -28,20 +20,7 @@ impl BootStore for PgStore {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(mac, image, token, at, latest, attested_at, passed)| {
-            Ok(BootForAttest {
-                mac: rows::mac(&mac)?,
-                image: parse_digest(&image)?,
-                token_sha256: parse_digest(&token)?,
-                created_at_ms: at,
-                latest: latest == id,
-                attestation: attested_at.map(|at_ms| Attestation {
-                    at_ms,
-                    passed: passed == Some(true),
-                }),
-            })
-        })
-        .transpose()
+        row.map(|row| rows::boot_for_attest(id, row)).transpose()
     }
     /// Records `fetches` in one statement: fetches for boots that do not exist are
     /// skipped (a made-up boot id writes nothing); returns how many were recorded.

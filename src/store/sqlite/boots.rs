@@ -5,8 +5,8 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::api::Mac;
-use crate::store::rows::{self, BootRow, parse_digest, select_boots};
-use crate::store::{Attestation, BootFacts, BootForAttest, BootStore, Fetch, StoreError};
+use crate::store::rows::{self, BootRow, select_boots};
+use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
 /// Fetches written a statement: 8 parameters each, well under SQLite's 32,766.
 const FETCHES_A_STATEMENT: usize = 256;
@@ -20,15 +20,7 @@ impl BootStore for SqliteStore {
             return Ok(Some(boot));
         }
         let epoch = self.boot_cache.epoch();
-        let row: Option<(
-            String,
-            String,
-            String,
-            i64,
-            String,
-            Option<i64>,
-            Option<bool>,
-        )> = sqlx::query_as(
+        let row: Option<rows::BootForAttestRow> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY rowid DESC LIMIT 1),
                     b.attested_at_ms, json_extract(b.verdict, '$.passed')
@@ -37,27 +29,13 @@ impl BootStore for SqliteStore {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(mac, image, token, at, latest, attested_at, passed)| {
-            Ok(BootForAttest {
-                mac: mac
-                    .parse()
-                    .map_err(|e: crate::api::MacError| StoreError::Corrupt(e.to_string()))?,
-                image: parse_digest(&image)?,
-                token_sha256: parse_digest(&token)?,
-                created_at_ms: at,
-                latest: latest == id,
-                attestation: attested_at.map(|at_ms| Attestation {
-                    at_ms,
-                    passed: passed == Some(true),
-                }),
+        row.map(|row| rows::boot_for_attest(id, row))
+            .transpose()
+            .inspect(|boot| {
+                if let Some(boot) = boot {
+                    self.boot_cache.fill(epoch, id, boot);
+                }
             })
-        })
-        .transpose()
-        .inspect(|boot| {
-            if let Some(boot) = boot {
-                self.boot_cache.fill(epoch, id, boot);
-            }
-        })
     }
     /// Records `fetches` in one transaction, and in one statement for up to `FETCHES_A_STATEMENT` of them (each a
     /// trip to the connection's thread): fetches for boots that do not exist are skipped
