@@ -252,8 +252,8 @@ pub enum Attached<'a> {
     /// The boot's attestation verdict and report; a boot is attested once.
     Attestation {
         boot_id: &'a str,
-        /// `verdict_json`'s own `passed`, which it must equal (kept with the boot for the
-        /// agent's later calls; reads from the database take it from the verdict).
+        /// `verdict_json`'s own `passed`, which it must equal (stored beside it, for the
+        /// agent's later calls).
         passed: bool,
         verdict_json: &'a str,
         report_json: &'a str,

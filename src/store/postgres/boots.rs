@@ -14,7 +14,7 @@ impl BootStore for PgStore {
         let row: Option<rows::BootForAttestRow> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY seq DESC LIMIT 1),
-                    b.attested_at_ms, (b.verdict::json ->> 'passed') = 'true'
+                    b.attested_at_ms, b.attest_passed
              FROM boots b WHERE b.id = $1",
         )
         .bind(id)

@@ -78,9 +78,10 @@ async fn write_attached(
             boot_id,
             verdict_json,
             report_json,
-            ..
-        } => sqlx::query("UPDATE boots SET attested_at_ms = $1, verdict = $2, report = $3 WHERE id = $4 AND attested_at_ms IS NULL")
+            passed,
+        } => sqlx::query("UPDATE boots SET attested_at_ms = $1, attest_passed = $2, verdict = $3, report = $4 WHERE id = $5 AND attested_at_ms IS NULL")
             .bind(now)
+            .bind(passed)
             .bind(verdict_json)
             .bind(report_json)
             .bind(boot_id)

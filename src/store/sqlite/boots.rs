@@ -23,7 +23,7 @@ impl BootStore for SqliteStore {
         let row: Option<rows::BootForAttestRow> = sqlx::query_as(
             "SELECT b.mac, b.image_digest, b.token_sha256, b.created_at_ms,
                     (SELECT id FROM boots WHERE mac = b.mac ORDER BY rowid DESC LIMIT 1),
-                    b.attested_at_ms, json_extract(b.verdict, '$.passed')
+                    b.attested_at_ms, b.attest_passed
              FROM boots b WHERE b.id = ?",
         )
         .bind(id)

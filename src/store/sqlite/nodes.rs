@@ -101,9 +101,10 @@ async fn write_attached(
             boot_id,
             verdict_json,
             report_json,
-            ..
-        } => sqlx::query("UPDATE boots SET attested_at_ms = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
+            passed,
+        } => sqlx::query("UPDATE boots SET attested_at_ms = ?, attest_passed = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
             .bind(now)
+            .bind(passed)
             .bind(verdict_json)
             .bind(report_json)
             .bind(boot_id)
