@@ -16,7 +16,7 @@ use crate::store::Attached;
 struct StoredValidation<'a> {
     passed: bool,
     failures: &'a [crate::api::agent::Failure],
-    gpus: Vec<&'a str>,
+    gpus: &'a [String],
 }
 
 impl NodeService {
@@ -50,11 +50,12 @@ impl NodeService {
             verdict.passed &= cabling.is_empty();
             verdict.failures.extend(cabling);
         }
-        let gpus: Vec<&str> = req.report.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        // The GPUs validated: stored with the verdict and kept with the drift baseline.
+        let gpus: Vec<String> = req.report.gpus.iter().map(|g| g.uuid.clone()).collect();
         let stored = serde_json::to_string(&StoredValidation {
             passed: verdict.passed,
             failures: &verdict.failures,
-            gpus,
+            gpus: &gpus,
         })
         .expect("verdict serialises");
         let mac = &req.mac;
@@ -100,8 +101,7 @@ impl NodeService {
             )
             .await
             .map_err(not_now)?;
-        let validated = req.report.gpus.iter().map(|g| g.uuid.clone()).collect();
-        self.baselines.validated(&req.boot_id, validated);
+        self.baselines.validated(&req.boot_id, gpus);
         self.time_validated(boot, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
