@@ -80,6 +80,7 @@ on_both!(
     a_newer_boot_expires_the_older_token_and_an_attestation_shows_at_once,
     a_boot_begun_after_the_clock_stepped_back_is_still_the_newest,
     a_uuid_kept_by_another_server_stays_the_nodes,
+    a_flush_of_heartbeats_keeps_each_nodes_latest,
 );
 
 fn mac(i: u32) -> Mac {
@@ -179,12 +180,22 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
     open_boot(&store, &other, "boot-other", &old, None).await;
     let read = store.boot_for_attest("boot-other").await.unwrap();
     assert!(read.is_some_and(|b| b.latest));
+    // Resolved before (SQLite keeps the answer in memory): not after.
+    let by_digest = bootfleet::api::refs::ImageRef::Digest(old);
+    let by_name = bootfleet::api::refs::ImageRef::Named {
+        name: "demo".into(),
+        label: "1".into(),
+    };
+    assert_eq!(store.resolve(&by_digest).await.unwrap(), Some(old));
+    assert_eq!(store.resolve(&by_name).await.unwrap(), Some(old));
 
     assert_eq!(
         store.remove_image(&old).await.unwrap(),
         bootfleet::store::Removed::Done
     );
     assert!(store.image(&old).await.unwrap().is_none());
+    assert_eq!(store.resolve(&by_digest).await.unwrap(), None);
+    assert_eq!(store.resolve(&by_name).await.unwrap(), None);
     let boots: Vec<String> = store
         .boot_facts(&mac, 10)
         .await
@@ -394,6 +405,45 @@ async fn the_budget_holds_when_two_servers_decide_at_once(db: Db) {
     assert_eq!(reimaging, 2);
     a.close().await;
     b.close().await;
+}
+
+/// Heartbeats are stored a flush at a time, many nodes to a statement: each node keeps the
+/// latest time heard (given twice in one flush, or older than what is stored), and a MAC
+/// with no node writes nothing.
+async fn a_flush_of_heartbeats_keeps_each_nodes_latest(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let (a, b) = (mac(1), mac(2));
+    for (m, id) in [(a, "boot-a"), (b, "boot-b")] {
+        store.discover(&m, None, "test").await.unwrap();
+        open_boot(&store, &m, id, &digest, None).await;
+    }
+    // Ahead of the boots' state changes, which `last_seen` also counts.
+    let h = bootfleet::clock::now_ms() + 3_600_000;
+    let seen = |store: Store| async move {
+        let mut seen: Vec<(Mac, i64)> = store
+            .last_seen()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(m, _, at)| (m, at))
+            .collect();
+        seen.sort();
+        seen
+    };
+    store
+        .record_heartbeats(&[(a, h), (b, h + 5), (a, h + 10), (mac(99), h)])
+        .await
+        .unwrap();
+    assert_eq!(seen(store.clone()).await, vec![(a, h + 10), (b, h + 5)]);
+    store.record_heartbeats(&[(a, h + 1)]).await.unwrap();
+    assert_eq!(seen(store.clone()).await, vec![(a, h + 10), (b, h + 5)]);
+    // More than a statement holds: the last node is in the second.
+    let mut flush: Vec<(Mac, i64)> = (0..1500).map(|i| (mac(1000 + i), h)).collect();
+    flush.push((b, h + 20));
+    store.record_heartbeats(&flush).await.unwrap();
+    assert_eq!(seen(store.clone()).await, vec![(a, h + 10), (b, h + 20)]);
+    store.close().await;
 }
 
 /// Runs `sql` on the database behind the store's back (what another clock wrote).
@@ -971,7 +1021,41 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         .unwrap();
     let mut loaded = store.load_leases().await.unwrap();
     loaded.sort_by_key(|l| l.mac.to_string());
-    assert_eq!(loaded, vec![keep[0].clone(), moved]);
+    assert_eq!(loaded, vec![keep[0].clone(), moved.clone()]);
+    // Batches written a few to a statement: a MAC given twice keeps its last lease, and
+    // an end names the address it ends (the other two MACs hold other ones now).
+    let many: Vec<LeaseRow> = (0..1500u32)
+        .map(|i| LeaseRow {
+            mac: mac(100 + i),
+            ip: std::net::Ipv4Addr::from(0x0a01_0000 + i),
+            expires_ms: 5000,
+        })
+        .collect();
+    let again = LeaseRow {
+        expires_ms: 6000,
+        ..many[3].clone()
+    };
+    let batch: Vec<LeaseRow> = many.iter().cloned().chain([again.clone()]).collect();
+    store.save_leases(&batch, &[]).await.unwrap();
+    let wrong_ip = LeaseRow {
+        ip: std::net::Ipv4Addr::new(10, 9, 9, 9),
+        ..many[1].clone()
+    };
+    let ends: Vec<LeaseRow> = many[4..].iter().cloned().chain([wrong_ip]).collect();
+    store.save_leases(&[], &ends).await.unwrap();
+    let mut loaded = store.load_leases().await.unwrap();
+    loaded.sort_by_key(|l| l.mac.to_string());
+    assert_eq!(
+        loaded,
+        vec![
+            keep[0].clone(),
+            moved,
+            many[0].clone(),
+            many[1].clone(),
+            many[2].clone(),
+            again
+        ]
+    );
     // Fetches: a made-up boot id records nothing.
     let digest = image(&store, "demo", "1").await;
     let m = mac(20);
@@ -1033,18 +1117,30 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
     let offsets: Vec<u64> = read.iter().skip(1).map(|f| f.offset).collect();
     let given: Vec<u64> = (0..700u64).filter(|i| i % 7 != 3).collect();
     assert_eq!(offsets, given);
-    // Tags: a move, a repeat, history.
+    // Tags: a move, a repeat, history; what a tag or a digest resolves to follows each
+    // write (SQLite keeps the answers in memory between them).
     let tag = bootfleet::api::refs::TagName::parse("demo:stable").unwrap();
+    let r = bootfleet::api::refs::ImageRef::Named {
+        name: "demo".into(),
+        label: "stable".into(),
+    };
+    assert_eq!(store.resolve(&r).await.unwrap(), None, "no such tag yet");
     let moved = store.set_tag(&tag, &digest, "admin").await.unwrap();
     assert_eq!(moved, bootfleet::store::TagOutcome::Moved { from: None });
     let again = store.set_tag(&tag, &digest, "admin").await.unwrap();
     assert_eq!(again, bootfleet::store::TagOutcome::Unchanged);
     assert_eq!(store.tag_history(&tag).await.unwrap().len(), 1);
-    let r = bootfleet::api::refs::ImageRef::Named {
-        name: "demo".into(),
-        label: "stable".into(),
-    };
     assert_eq!(store.resolve(&r).await.unwrap(), Some(digest));
+    let by_digest = bootfleet::api::refs::ImageRef::Digest(Digest::of(b"demo:2"));
+    assert_eq!(store.resolve(&by_digest).await.unwrap(), None);
+    let second = image(&store, "demo", "2").await;
+    assert_eq!(store.resolve(&by_digest).await.unwrap(), Some(second));
+    let moved = store.set_tag(&tag, &second, "admin").await.unwrap();
+    assert_eq!(
+        moved,
+        bootfleet::store::TagOutcome::Moved { from: Some(digest) }
+    );
+    assert_eq!(store.resolve(&r).await.unwrap(), Some(second));
     // Idempotency keys: one claim among racing servers; the first answer stays; a
     // released claim is free again; a stale one is taken over.
     let other = db.open().await;

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::digest::Digest;
 
 /// What a user may type to name an image.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ImageRef {
     Digest(Digest),
     /// `sha256:` and the first 8 to 63 hex digits of a digest: the one image whose digest

@@ -23,8 +23,11 @@ impl LeaseStore for PgStore {
         let mut tx = self.tx().await?;
         if !keep.is_empty() {
             sqlx::query(
+                // A MAC given twice keeps its last lease (an upsert may not touch a row twice).
                 "INSERT INTO dhcp_leases (mac, ip, expires_ms)
-                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[])
+                 SELECT DISTINCT ON (mac) mac, ip, expires_ms
+                 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(mac, ip, expires_ms, n)
+                 ORDER BY mac, n DESC
                  ON CONFLICT (mac) DO UPDATE SET ip = excluded.ip, expires_ms = excluded.expires_ms",
             )
             .bind(keep.iter().map(|l| l.mac.to_string()).collect::<Vec<_>>())

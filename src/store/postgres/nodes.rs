@@ -438,9 +438,10 @@ impl NodeStore for PgStore {
         let macs: Vec<String> = heard.iter().map(|(m, _)| m.to_string()).collect();
         let at: Vec<i64> = heard.iter().map(|(_, at)| *at).collect();
         // The rows locked in MAC order first (an UPDATE ... FROM takes them in the plan's
-        // order): two servers flushing overlapping sets cannot deadlock.
+        // order): two servers flushing overlapping sets cannot deadlock. A MAC given twice
+        // counts its latest (an UPDATE ... FROM would take any one).
         sqlx::query(
-            "WITH h(mac, at) AS (SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[])),
+            "WITH h(mac, at) AS (SELECT mac, MAX(at) FROM UNNEST($1::TEXT[], $2::BIGINT[]) AS u(mac, at) GROUP BY mac),
                   locked AS (SELECT mac FROM nodes WHERE mac = ANY($1::TEXT[]) ORDER BY mac FOR UPDATE)
              UPDATE nodes SET last_heartbeat_ms = GREATEST(COALESCE(nodes.last_heartbeat_ms, 0), h.at)
              FROM h WHERE nodes.mac = h.mac AND nodes.mac IN (SELECT mac FROM locked)",

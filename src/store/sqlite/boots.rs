@@ -8,7 +8,8 @@ use crate::api::Mac;
 use crate::store::rows::{self, BootRow, select_boots};
 use crate::store::{BootFacts, BootForAttest, BootStore, Fetch, StoreError};
 
-/// Fetches written a statement: 8 parameters each, well under SQLite's 32,766.
+/// Fetches written a statement: 8 parameters each, well under SQLite's 32,766. Not kept
+/// prepared, like every statement whose size varies (see `nodes::HEARTBEATS_A_STATEMENT`).
 const FETCHES_A_STATEMENT: usize = 256;
 
 #[async_trait]
@@ -63,7 +64,12 @@ impl BootStore for SqliteStore {
                     .push_bind((chunk * FETCHES_A_STATEMENT + i) as i64);
             });
             insert.push(") WHERE EXISTS (SELECT 1 FROM boots WHERE id = column1) ORDER BY column8");
-            recorded += insert.build().execute(&mut *tx).await?.rows_affected() as usize;
+            recorded += insert
+                .build()
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected() as usize;
         }
         tx.commit().await?;
         Ok(recorded)

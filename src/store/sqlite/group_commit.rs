@@ -26,6 +26,7 @@ use sqlx::{Sqlite, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard, watch};
 
 use super::boot_cache::{BootCache, BootTouch};
+use super::kept::Forget;
 use super::node_cache::NodeCache;
 use crate::api::{Digest, Mac};
 use crate::store::{NodeRecord, StoreError};
@@ -50,6 +51,9 @@ struct Batch {
     /// What the batch's writers did to boots, in order, for the boot cache (applied by
     /// the closer once the batch commits, like `touched`).
     boots: Vec<BootTouch>,
+    /// Values kept in memory that the batch's writers wrote what they are made of: the
+    /// closer forgets them once the batch ends, committed or not.
+    forgets: Vec<Arc<dyn Forget>>,
     /// The task that commits it. Finished with the batch still open means it was
     /// dropped unrun (its runtime stopping): the next writer starts another.
     closer: tokio::task::JoinHandle<()>,
@@ -207,6 +211,7 @@ impl GroupCommit {
             members: 0,
             touched: Vec::new(),
             boots: Vec::new(),
+            forgets: Vec::new(),
             closer: self.spawn_closer(id),
             release_owed: false,
             rollback_owed: false,
@@ -235,9 +240,13 @@ impl GroupCommit {
             members,
             touched,
             boots,
+            forgets,
             ..
         } = gate.0.take().expect("checked above");
         let done = sqlx::query("COMMIT").execute(&mut *conn).await;
+        for kept in forgets {
+            kept.forget();
+        }
         if done.is_err() {
             // A failed COMMIT can leave the transaction open; a connection that cannot
             // end it is closed (SQLite rolls back on close), never handed out again.
@@ -319,6 +328,9 @@ fn not_rolled_back() -> sqlx::Error {
 /// told.
 fn end_broken(mut batch: Batch, e: sqlx::Error) -> StoreError {
     batch.conn.close_on_drop();
+    for kept in batch.forgets.drain(..) {
+        kept.forget();
+    }
     let e = Arc::new(e);
     batch.ended.send_replace(Some(Err(e.clone())));
     StoreError::Batch(e)
@@ -366,6 +378,12 @@ impl WriteTx {
     pub(crate) async fn commit_removing_image(mut self, image: Digest) -> Result<(), StoreError> {
         self.touch_boot(BootTouch::ForgetImage(image));
         self.commit().await
+    }
+
+    /// `kept` is made of what this writer wrote: forgotten when the batch ends (by its
+    /// closer, whatever becomes of this caller); only on the way to commit.
+    pub(crate) fn forget_on_commit(&mut self, kept: Arc<dyn Forget>) {
+        self.batch().forgets.push(kept);
     }
 
     fn touch(&mut self, mac: Mac, row: Option<NodeRecord>) {

@@ -61,38 +61,27 @@ impl ImageStore for SqliteStore {
             now_ms(),
         )
         .await?;
+        tx.forget_on_commit(self.resolved.clone());
         tx.commit().await?;
         self.notify_events();
         Ok(InsertOutcome::Inserted)
     }
-    /// Resolves a REF: a digest, else `name:version`, else `name:tag`.
+    /// Resolves a REF: a digest, else `name:version`, else `name:tag`. A digest or a name
+    /// is answered from memory once read, until an image or tag write ends.
     async fn resolve(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
-        let found: Option<(String,)> = match r {
-            ImageRef::DigestPrefix(p) => {
-                let mut found = self.digests_with_prefix(p, 2).await?;
-                return Ok(if found.len() == 1 { found.pop() } else { None });
-            }
-            ImageRef::Digest(d) => {
-                sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
-                    .bind(d.to_string())
-                    .fetch_optional(&self.pool)
-                    .await?
-            }
-            ImageRef::Named { name, label } => {
-                sqlx::query_as(
-                    "SELECT digest FROM images WHERE name = ?1 AND version = ?2
-                     UNION ALL
-                     SELECT image_digest FROM tags WHERE name = ?1 AND tag = ?2
-                     LIMIT 1",
-                )
-                .bind(name)
-                .bind(label)
-                .fetch_optional(&self.pool)
-                .await?
-            }
+        if let ImageRef::DigestPrefix(_) = r {
+            // Typed by admins, not booted from: not kept.
+            return self.resolve_from_database(r).await;
+        }
+        let epoch = match self.resolved.get(r) {
+            Ok(kept) => return Ok(kept),
+            Err(epoch) => epoch,
         };
-        found.map(|(d,)| parse_digest(&d)).transpose()
+        let found = self.resolve_from_database(r).await?;
+        self.resolved.fill(epoch, r.clone(), found);
+        Ok(found)
     }
+
     async fn digests_with_prefix(
         &self,
         prefix: &str,
@@ -205,6 +194,7 @@ impl ImageStore for SqliteStore {
             .bind(now)
             .execute(&mut *tx)
             .await?;
+        tx.forget_on_commit(self.resolved.clone());
         tx.commit().await?;
         Ok(TagOutcome::Moved { from })
     }
@@ -282,9 +272,8 @@ impl ImageStore for SqliteStore {
                 events += 1;
             }
         }
-        let committed = tx.commit().await;
-        self.broken_blobs.forget();
-        committed?;
+        tx.forget_on_commit(self.broken_blobs.clone());
+        tx.commit().await?;
         self.notify_events();
         Ok(events)
     }
@@ -299,9 +288,8 @@ impl ImageStore for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        let committed = tx.commit().await;
-        self.broken_blobs.forget();
-        committed?;
+        tx.forget_on_commit(self.broken_blobs.clone());
+        tx.commit().await?;
         Ok(())
     }
     /// Kept in memory between writes to it (every boot script asks).
@@ -354,6 +342,34 @@ async fn check_insert(
 }
 
 impl SqliteStore {
+    /// `resolve`, read.
+    async fn resolve_from_database(&self, r: &ImageRef) -> Result<Option<Digest>, StoreError> {
+        let found: Option<(String,)> = match r {
+            ImageRef::DigestPrefix(p) => {
+                let mut found = self.digests_with_prefix(p, 2).await?;
+                return Ok(if found.len() == 1 { found.pop() } else { None });
+            }
+            ImageRef::Digest(d) => {
+                sqlx::query_as("SELECT digest FROM images WHERE digest = ?")
+                    .bind(d.to_string())
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            ImageRef::Named { name, label } => {
+                sqlx::query_as(
+                    "SELECT digest FROM images WHERE name = ?1 AND version = ?2
+                     UNION ALL
+                     SELECT image_digest FROM tags WHERE name = ?1 AND tag = ?2
+                     LIMIT 1",
+                )
+                .bind(name)
+                .bind(label)
+                .fetch_optional(&self.pool)
+                .await?
+            }
+        };
+        found.map(|(d,)| parse_digest(&d)).transpose()
+    }
     async fn record(&self, row: rows::ImageRow) -> Result<Image, StoreError> {
         let artifacts: Vec<rows::ArtifactRow> = sqlx::query_as(
             "SELECT role, path, blob_digest, size FROM image_artifacts WHERE image_digest = ? ORDER BY position",

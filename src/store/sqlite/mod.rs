@@ -85,9 +85,16 @@ pub struct SqliteStore {
     /// Each node's newest boot for the agent API's token check (`boot_for_attest`);
     /// kept by the write gate's closer.
     boot_cache: std::sync::Arc<boot_cache::BootCache>,
-    /// The broken-blob list every boot script checks; forgotten by its two writers.
+    /// The broken-blob list every boot script checks; forgotten when a batch that wrote it
+    /// ends.
     broken_blobs: std::sync::Arc<kept::Kept<Vec<(crate::api::Digest, String)>>>,
+    /// The image each REF named when last resolved (every boot script resolves its
+    /// node's); forgotten when a batch that wrote an image or a tag ends.
+    resolved: std::sync::Arc<kept::KeptMap<crate::api::ImageRef, Option<crate::api::Digest>>>,
 }
+
+/// REFs whose resolution is kept: a fleet boots a handful of images.
+const RESOLVED_KEPT: usize = 1024;
 
 pub(crate) use group_commit::WriteTx;
 
@@ -141,6 +148,7 @@ impl SqliteStore {
             node_cache,
             boot_cache,
             broken_blobs: Default::default(),
+            resolved: std::sync::Arc::new(kept::KeptMap::new(RESOLVED_KEPT)),
         })
     }
     /// A write transaction: this writer's part of a shared commit (`group_commit`).

@@ -16,6 +16,11 @@ use crate::store::{
     ReimageDecision, ReimageOutcome, ReimageRule, StoreError,
 };
 
+/// Heartbeats written a statement: 2 parameters each, well under SQLite's 32,766. Not
+/// kept prepared (`persistent(false)`): a flush's size varies, and each size would be a
+/// statement of its own in the connection's cache, pushing out the hot fixed ones.
+const HEARTBEATS_A_STATEMENT: usize = 1000;
+
 /// The history row and the event of a state change; always in the transaction of the
 /// change itself. Callers notify event readers after committing.
 pub(super) async fn insert_history(
@@ -602,16 +607,21 @@ impl NodeStore for SqliteStore {
         Ok(())
     }
     async fn record_heartbeats(&self, heard: &[(Mac, i64)]) -> Result<(), StoreError> {
+        if heard.is_empty() {
+            return Ok(());
+        }
         let mut tx = self.write_tx().await?;
-        for (mac, at_ms) in heard {
-            sqlx::query(
-                "UPDATE nodes SET last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), ?)
-                 WHERE mac = ?",
-            )
-            .bind(at_ms)
-            .bind(mac.to_string())
-            .execute(&mut *tx)
-            .await?;
+        for part in heard.chunks(HEARTBEATS_A_STATEMENT) {
+            // A MAC given twice counts its latest (an UPDATE ... FROM would take any one).
+            let mut update = sqlx::QueryBuilder::new(
+                "UPDATE nodes SET last_heartbeat_ms = MAX(COALESCE(last_heartbeat_ms, 0), heard.at)
+                 FROM (SELECT column1 AS mac, MAX(column2) AS at FROM (",
+            );
+            update.push_values(part, |mut row, (mac, at_ms)| {
+                row.push_bind(mac.to_string()).push_bind(*at_ms);
+            });
+            update.push(") GROUP BY column1) AS heard WHERE nodes.mac = heard.mac");
+            update.build().persistent(false).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())

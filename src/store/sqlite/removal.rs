@@ -114,6 +114,7 @@ impl RemovalStore for SqliteStore {
             version,
         };
         super::events::insert_event(&mut tx, kind::IMAGE_REMOVED, None, &data, now_ms()).await?;
+        tx.forget_on_commit(self.resolved.clone());
         tx.commit_removing_image(*digest).await?;
         self.notify_events();
         Ok(Removed::Done)
