@@ -3,8 +3,10 @@
 //! booting node needs its node, and under a boot storm a read that waits for one of the
 //! pool's connections (held by writers queued on SQLite's write lock) costs the node a
 //! firmware retransmit of 4 s or more. Every write to `nodes` invalidates its MAC after it
-//! commits; a read that raced a write does not fill the cache (the epoch check below), so
-//! the cache never holds a record older than the last committed write it saw.
+//! commits; a read that raced a write to its node does not fill the cache (the epoch check
+//! below), so the cache never holds a record older than the last committed write it saw.
+//! Races are judged per node: under a storm some node is written every millisecond, and
+//! a read overtaken by any write at all would almost never be kept.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,16 +22,29 @@ pub struct NodeCache {
     inner: Mutex<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    nodes: HashMap<Mac, NodeRecord>,
+    nodes: HashMap<Mac, Entry>,
+    /// Entries (records and marks) before the map starts over.
+    cap: usize,
     /// Bumped by every invalidation.
     epoch: u64,
+    /// The epoch when the map last started over: a read begun before it may have raced
+    /// a write whose mark went with the map, and is not kept.
+    floor: u64,
+}
+
+/// A node's record, if kept, and the epoch of its last invalidation (kept after the
+/// record goes: the mark that turns away reads begun before it).
+#[derive(Debug)]
+struct Entry {
+    node: Option<NodeRecord>,
+    changed_at: u64,
 }
 
 impl NodeCache {
     pub fn get(&self, mac: &Mac) -> Option<NodeRecord> {
-        self.lock().nodes.get(mac).cloned()
+        self.lock().nodes.get(mac).and_then(|e| e.node.clone())
     }
 
     /// The epoch to pass to `fill` for a read that starts now.
@@ -39,27 +54,64 @@ impl NodeCache {
 
     /// Keeps `node`, read from the database after `epoch()` returned `epoch` (or written
     /// by a batch whose closer fills under the write gate, after its invalidations),
-    /// unless a write was invalidated since (then the read may predate it).
+    /// unless its MAC was invalidated since (then the read may predate the write).
     pub fn fill(&self, epoch: u64, node: &NodeRecord) {
         let mut inner = self.lock();
-        if inner.epoch != epoch {
+        let changed_at = match inner.nodes.get(&node.mac) {
+            Some(entry) => entry.changed_at,
+            None => inner.floor,
+        };
+        if epoch < changed_at {
             return;
         }
-        if inner.nodes.len() >= MAX_ENTRIES {
-            inner.nodes.clear();
-        }
-        inner.nodes.insert(node.mac, node.clone());
+        inner.make_room(&node.mac);
+        inner.nodes.insert(
+            node.mac,
+            Entry {
+                node: Some(node.clone()),
+                changed_at,
+            },
+        );
     }
 
     /// Forgets `mac`: call after a write to its row commits.
     pub fn invalidate(&self, mac: &Mac) {
         let mut inner = self.lock();
         inner.epoch += 1;
-        inner.nodes.remove(mac);
+        inner.make_room(mac);
+        let changed_at = inner.epoch;
+        inner.nodes.insert(
+            *mac,
+            Entry {
+                node: None,
+                changed_at,
+            },
+        );
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().expect("not poisoned")
+    }
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            nodes: HashMap::new(),
+            cap: MAX_ENTRIES,
+            epoch: 0,
+            floor: 0,
+        }
+    }
+}
+
+impl Inner {
+    /// Starts the map over when it is full and `mac` is not in it.
+    fn make_room(&mut self, mac: &Mac) {
+        if self.nodes.len() >= self.cap && !self.nodes.contains_key(mac) {
+            self.nodes.clear();
+            self.floor = self.epoch;
+        }
     }
 }
 
@@ -118,5 +170,36 @@ mod tests {
             cache.get(&new.mac).map(|n| n.state),
             Some(NodeState::Quarantined)
         );
+        // A read begun before the write, ending after it was kept, is turned away too.
+        cache.fill(before, &old);
+        assert_eq!(
+            cache.get(&old.mac).map(|n| n.state),
+            Some(NodeState::Quarantined)
+        );
+    }
+
+    #[test]
+    fn a_read_overtaken_only_by_writes_to_other_nodes_is_kept() {
+        let cache = NodeCache::default();
+        let a = node("02:00:00:00:00:01", NodeState::Ready);
+        let before = cache.epoch();
+        cache.invalidate(&"02:00:00:00:00:02".parse().unwrap());
+        cache.fill(before, &a);
+        assert_eq!(cache.get(&a.mac), Some(a));
+    }
+
+    #[test]
+    fn a_read_begun_before_the_map_started_over_is_not_kept() {
+        let cache = NodeCache::default();
+        cache.lock().cap = 1;
+        let a = node("02:00:00:00:00:01", NodeState::Ready);
+        let before = cache.epoch();
+        // A write to `a` commits; its mark goes when the map starts over for another's.
+        cache.invalidate(&a.mac);
+        cache.invalidate(&"02:00:00:00:00:02".parse().unwrap());
+        cache.fill(before, &a);
+        assert_eq!(cache.get(&a.mac), None);
+        cache.fill(cache.epoch(), &a);
+        assert_eq!(cache.get(&a.mac), Some(a));
     }
 }
