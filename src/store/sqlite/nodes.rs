@@ -50,20 +50,38 @@ macro_rules! history_and_event_sql {
 async fn insert_histories(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
-    steps: &[(Option<NodeState>, NodeState, &str)],
+    steps: &[History<'_>],
     at_ms: i64,
 ) -> Result<(), StoreError> {
     let sql = match steps.len() {
         1 => history_and_event_sql!(),
         2 => concat!(history_and_event_sql!(), history_and_event_sql!()),
-        n => {
-            return Err(StoreError::Corrupt(format!(
-                "{n} state changes in one write"
-            )));
-        }
+        n => return Err(too_many_steps(n)),
     };
+    bind_histories(sqlx::query(sql), mac, steps, at_ms)?
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// A history row: from, to, reason.
+type History<'a> = (Option<NodeState>, NodeState, &'a str);
+
+/// Rows each history step writes: its history row and its event.
+const ROWS_A_STEP: u64 = 2;
+
+fn too_many_steps(n: usize) -> StoreError {
+    StoreError::Corrupt(format!("{n} state changes in one write"))
+}
+
+/// Binds `history_and_event_sql!` once for each of `steps`, after what `query` holds.
+fn bind_histories<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    mac: &Mac,
+    steps: &[History<'q>],
+    at_ms: i64,
+) -> Result<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>, StoreError> {
     let actor = crate::audit::actor();
-    let mut query = sqlx::query(sql);
     for &(from, to, reason) in steps {
         let data = crate::api::event::NodeStateData {
             from,
@@ -83,54 +101,96 @@ async fn insert_histories(
             .bind(rows::event_data(&data)?)
             .bind(actor.clone());
     }
-    query.execute(&mut *conn).await?;
-    Ok(())
+    Ok(query)
 }
 
-/// Writes the row that belongs with a state change and answers what it did to its boot
-/// (for the boot cache); `Replayed` when the attestation was recorded before (the caller
-/// rolls back). A boot or verdict row that cannot be written (no such boot) is an error,
-/// not a replay.
-async fn write_attached(
+/// The statement of each kind of attached row, then the history rows and events of one
+/// step or two: all in one statement string.
+macro_rules! attached_then_histories {
+    ($attached:expr) => {
+        [
+            concat!($attached, "; ", history_and_event_sql!()),
+            concat!(
+                $attached,
+                "; ",
+                history_and_event_sql!(),
+                history_and_event_sql!()
+            ),
+        ]
+    };
+}
+
+/// Writes the row that belongs with a state change, and the change's history rows and
+/// events, in one round trip; answers what the row did to its boot (for the boot cache),
+/// or `Replayed` when the attestation was recorded before (the caller rolls back, the
+/// history with it). A boot or verdict row that cannot be written (no such boot) is an
+/// error, not a replay.
+async fn write_attached_and_histories(
     conn: &mut sqlx::SqliteConnection,
     mac: &Mac,
     with: &Attached<'_>,
+    steps: &[History<'_>],
     now: i64,
 ) -> Result<AttachedWritten, StoreError> {
-    let written = match *with {
-        Attached::Boot(ref boot) => {
-            insert_boot(conn, mac, boot, now).await?;
-            return Ok(AttachedWritten::Touched(Some(began(mac, boot, now))));
-        }
+    let which = match steps.len() {
+        1 | 2 => steps.len() - 1,
+        n => return Err(too_many_steps(n)),
+    };
+    let query = match *with {
+        // A node's newest boot is the one inserted last (rowid), which is the one the boot
+        // cache keeps, whatever the clock did between them.
+        Attached::Boot(ref boot) => sqlx::query(
+            attached_then_histories!(
+                "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
+                 VALUES (?, ?, ?, ?, ?, ?)"
+            )[which],
+        )
+        .bind(boot.id)
+        .bind(mac.to_string())
+        .bind(boot.image.to_string())
+        .bind(boot.token_sha256.to_string())
+        .bind(now)
+        .bind(boot.preboot_json),
         Attached::Attestation {
             boot_id,
             verdict_json,
             report_json,
             passed,
-        } => sqlx::query("UPDATE boots SET attested_at_ms = ?, attest_passed = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL")
+        } => sqlx::query(attached_then_histories!(
+            "UPDATE boots SET attested_at_ms = ?, attest_passed = ?, verdict = ?, report = ? WHERE id = ? AND attested_at_ms IS NULL"
+        )[which])
             .bind(now)
             .bind(passed)
             .bind(verdict_json)
             .bind(report_json)
-            .bind(boot_id)
-            .execute(&mut *conn)
-            .await?,
+            .bind(boot_id),
         Attached::Validation {
             boot_id,
             verdict_json,
-        } => sqlx::query("UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?")
-            .bind(now)
-            .bind(verdict_json)
-            .bind(boot_id)
-            .execute(&mut *conn)
-            .await?,
+        } => sqlx::query(
+            attached_then_histories!(
+                "UPDATE boots SET validated_at_ms = ?, validation = ? WHERE id = ?"
+            )[which],
+        )
+        .bind(now)
+        .bind(verdict_json)
+        .bind(boot_id),
     };
-    match (with, written.rows_affected()) {
+    let total = bind_histories(query, mac, steps, now)?
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    // The history rows and events always go in; the rest is the attached row's.
+    let attached = total.checked_sub(ROWS_A_STEP * steps.len() as u64);
+    match (with, attached) {
+        (Attached::Boot(boot), Some(1)) => {
+            Ok(AttachedWritten::Touched(Some(began(mac, boot, now))))
+        }
         (
             Attached::Attestation {
                 boot_id, passed, ..
             },
-            1,
+            Some(1),
         ) => Ok(AttachedWritten::Touched(Some(BootTouch::Attested(
             boot_id.to_string(),
             Attestation {
@@ -138,10 +198,11 @@ async fn write_attached(
                 passed: *passed,
             },
         )))),
-        (_, 1) => Ok(AttachedWritten::Touched(None)),
-        (Attached::Attestation { .. }, _) => Ok(AttachedWritten::Replayed),
-        (_, n) => Err(StoreError::Corrupt(format!(
-            "{n} rows written for a state change's attached row"
+        (_, Some(1)) => Ok(AttachedWritten::Touched(None)),
+        (Attached::Attestation { .. }, Some(0)) => Ok(AttachedWritten::Replayed),
+        _ => Err(StoreError::Corrupt(format!(
+            "{total} rows written for a state change's attached row and {} history steps",
+            steps.len()
         ))),
     }
 }
@@ -153,29 +214,6 @@ enum AttachedWritten {
     Touched(Option<BootTouch>),
     /// The attestation was recorded before.
     Replayed,
-}
-
-/// Inserts a boot, created at `now`. A node's newest boot is the one inserted last
-/// (rowid), which is the one the boot cache keeps, whatever the clock did between them.
-async fn insert_boot(
-    conn: &mut sqlx::SqliteConnection,
-    mac: &Mac,
-    boot: &NewBoot<'_>,
-    now: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO boots (id, mac, image_digest, token_sha256, created_at_ms, preboot)
-         VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(boot.id)
-    .bind(mac.to_string())
-    .bind(boot.image.to_string())
-    .bind(boot.token_sha256.to_string())
-    .bind(now)
-    .bind(boot.preboot_json)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// The boot cache's entry for a boot just inserted, created at `created_at_ms`.
@@ -226,18 +264,20 @@ async fn change_in(
         return Ok((CasOutcome::Stale, None));
     };
     let node = rows::node(written)?;
+    let history: Vec<History<'_>> = steps
+        .iter()
+        .map(|&(from, to, reason)| (Some(from), to, reason))
+        .collect();
     let touch = match with {
-        None => None,
-        Some(with) => match write_attached(conn, mac, with, now).await? {
+        None => {
+            insert_histories(conn, mac, &history, now).await?;
+            None
+        }
+        Some(with) => match write_attached_and_histories(conn, mac, with, &history, now).await? {
             AttachedWritten::Touched(touch) => touch,
             AttachedWritten::Replayed => return Ok((CasOutcome::AlreadyAttested, None)),
         },
     };
-    let history: Vec<(Option<NodeState>, NodeState, &str)> = steps
-        .iter()
-        .map(|&(from, to, reason)| (Some(from), to, reason))
-        .collect();
-    insert_histories(conn, mac, &history, now).await?;
     Ok((CasOutcome::Done(Box::new(node)), touch))
 }
 
