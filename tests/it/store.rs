@@ -432,7 +432,7 @@ async fn a_flush_of_heartbeats_keeps_each_nodes_latest(db: Db) {
         seen
     };
     store
-        .record_heartbeats(&[(a, h), (b, h + 5), (a, h + 10), (mac(99), h)])
+        .record_heartbeats(&[(a, h), (b, h + 5), (a, h + 10), (b, h + 1), (mac(99), h)])
         .await
         .unwrap();
     assert_eq!(seen(store.clone()).await, vec![(a, h + 10), (b, h + 5)]);
@@ -643,8 +643,10 @@ async fn a_boot_attests_once_across_servers(db: Db) {
         1,
         "{outcomes:?}"
     );
-    // A replay at the node's new version finds the attestation recorded.
+    // A replay at the node's new version finds the attestation recorded, and leaves no
+    // history row behind (SQLite writes it with the attestation's row, then rolls back).
     let now = b.node(&mac).await.unwrap().unwrap();
+    let history = b.node_history(&mac).await.unwrap().len();
     let replay = b
         .set_state(
             &mac,
@@ -660,6 +662,7 @@ async fn a_boot_attests_once_across_servers(db: Db) {
     let boot = b.boot_for_attest("boot-1").await.unwrap().unwrap();
     assert!(boot.attested() && !boot.attested_and_passed() && boot.latest);
     assert_eq!(b.node(&mac).await.unwrap().unwrap().version, now.version);
+    assert_eq!(b.node_history(&mac).await.unwrap().len(), history);
     a.close().await;
     b.close().await;
 }
@@ -1041,6 +1044,19 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
         ip: std::net::Ipv4Addr::new(10, 9, 9, 9),
         ..many[1].clone()
     };
+    // A MAC twice within one statement too.
+    let first = LeaseRow {
+        expires_ms: 7000,
+        ..many[2].clone()
+    };
+    let last = LeaseRow {
+        expires_ms: 8000,
+        ..many[2].clone()
+    };
+    store
+        .save_leases(&[first, many[0].clone(), last.clone()], &[])
+        .await
+        .unwrap();
     let ends: Vec<LeaseRow> = many[4..].iter().cloned().chain([wrong_ip]).collect();
     store.save_leases(&[], &ends).await.unwrap();
     let mut loaded = store.load_leases().await.unwrap();
@@ -1052,7 +1068,7 @@ async fn leases_fetches_tags_and_idempotency_keys_round_trip(db: Db) {
             moved,
             many[0].clone(),
             many[1].clone(),
-            many[2].clone(),
+            last,
             again
         ]
     );

@@ -381,7 +381,8 @@ impl WriteTx {
     }
 
     /// `kept` is made of what this writer wrote: forgotten when the batch ends (by its
-    /// closer, whatever becomes of this caller); only on the way to commit.
+    /// closer, whatever becomes of this caller). Called on the way to commit; a writer
+    /// that gives up its writes after it only costs a read.
     pub(crate) fn forget_on_commit(&mut self, kept: Arc<dyn Forget>) {
         self.batch().forgets.push(kept);
     }
@@ -748,6 +749,39 @@ mod tests {
             .await
             .expect("a pooled connection holds the write lock");
         sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    }
+
+    /// Counts its forgets.
+    #[derive(Default)]
+    struct Forgets(AtomicUsize);
+
+    impl Forget for Forgets {
+        fn forget(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A writer that goes away once its commit is handed to the batch still has what it
+    /// wrote forgotten when the batch ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_value_is_forgotten_when_the_batch_ends_whatever_the_caller_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(10_000, Default::default(), Default::default());
+        let kept = Arc::new(Forgets::default());
+        let mut tx = group.begin(&pool).await.unwrap();
+        sqlx::query("INSERT INTO t (n) VALUES (1)")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.forget_on_commit(kept.clone());
+        // Handed to the batch on its first poll, then dropped while waiting for the commit.
+        let gone = tokio::time::timeout(std::time::Duration::ZERO, tx.commit()).await;
+        assert!(gone.is_err(), "answered before its batch could commit");
+        // A later writer's commit is answered once every batch before it has ended.
+        insert(&group, &pool, 2).await.unwrap();
+        assert_eq!(rows(&pool).await, vec![1, 2]);
+        assert_eq!(kept.0.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,8 @@
 //! Values read from the database and kept in memory until this process writes what they
 //! are made of: for rows read on a hot path and written rarely (the broken-blob list and
 //! the image a REF names, read for every boot script). A writer hands the value to its
-//! batch (`WriteTx::forget_on_commit`), whose closer forgets it once the batch ends, so a
-//! caller that goes away after its commit still leaves nothing stale. The caches assume one server a SQLite database, which the
+//! batch (`WriteTx::forget_on_commit`), whose closer forgets it once the batch ends, so
+//! a caller that goes away after its commit still leaves nothing stale. The caches assume one server a SQLite database, which the
 //! server enforces (`lock_for_one_server`).
 //!
 //! A read that began before a write may end after it: its value is kept only if no write

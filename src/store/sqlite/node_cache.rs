@@ -38,13 +38,17 @@ struct Inner {
 /// record goes: the mark that turns away reads begun before it).
 #[derive(Debug)]
 struct Entry {
-    node: Option<NodeRecord>,
+    /// Boxed: a mark alone is then a few words, not a record's size.
+    node: Option<Box<NodeRecord>>,
     changed_at: u64,
 }
 
 impl NodeCache {
     pub fn get(&self, mac: &Mac) -> Option<NodeRecord> {
-        self.lock().nodes.get(mac).and_then(|e| e.node.clone())
+        self.lock()
+            .nodes
+            .get(mac)
+            .and_then(|e| e.node.as_deref().cloned())
     }
 
     /// The epoch to pass to `fill` for a read that starts now.
@@ -68,7 +72,7 @@ impl NodeCache {
         inner.nodes.insert(
             node.mac,
             Entry {
-                node: Some(node.clone()),
+                node: Some(Box::new(node.clone())),
                 changed_at,
             },
         );
