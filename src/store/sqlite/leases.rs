@@ -43,12 +43,16 @@ impl LeaseStore for SqliteStore {
             upsert.build().persistent(false).execute(&mut *tx).await?;
         }
         for part in gone.chunks(LEASES_A_STATEMENT) {
-            let mut delete =
-                sqlx::QueryBuilder::new("DELETE FROM dhcp_leases WHERE (mac, ip) IN (");
+            // Through a join on the key: `(mac, ip) IN (VALUES ...)` scans the whole table.
+            let mut delete = sqlx::QueryBuilder::new(
+                "DELETE FROM dhcp_leases WHERE rowid IN (SELECT l.rowid FROM (",
+            );
             delete.push_values(part, |mut row, l| {
                 row.push_bind(l.mac.to_string()).push_bind(l.ip.to_string());
             });
-            delete.push(")");
+            delete.push(
+                ") AS gone JOIN dhcp_leases l ON l.mac = gone.column1 AND l.ip = gone.column2)",
+            );
             delete.build().persistent(false).execute(&mut *tx).await?;
         }
         tx.commit().await?;
