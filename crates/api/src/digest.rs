@@ -44,7 +44,26 @@ impl Digest {
 
     /// The 64 hex digits, without the `sha256:` prefix.
     pub fn hex(&self) -> String {
-        hex::encode(self.0)
+        self.hex_digits().to_string()
+    }
+
+    /// The hex digits on the stack: a digest is formatted for every blob response's ETag
+    /// and every row that names one, and `hex::encode` goes a char at a time into a
+    /// `String` of its own.
+    fn hex_digits(&self) -> HexDigits {
+        let mut digits = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut digits).expect("64 digits for 32 bytes");
+        HexDigits(digits)
+    }
+}
+
+/// A digest's 64 hex digits.
+struct HexDigits([u8; 64]);
+
+impl std::ops::Deref for HexDigits {
+    type Target = str;
+    fn deref(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
     }
 }
 
@@ -60,7 +79,8 @@ impl FromStr for Digest {
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.hex())
+        f.write_str("sha256:")?;
+        f.write_str(&self.hex_digits())
     }
 }
 
@@ -96,6 +116,7 @@ mod tests {
             "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
         );
         assert_eq!(text.parse::<Digest>().unwrap(), d);
+        assert_eq!(d.hex(), text["sha256:".len()..]);
         for bad in [
             "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
             "sha256:2CF24DBA5FB0A30E26E83B2AC5B9E29E1B161E5C1FA7425E73043362938B9824",
