@@ -2,8 +2,8 @@
 //! are made of: for rows read on a hot path and written rarely (the broken-blob list and
 //! the image a REF names, read for every boot script). A writer hands the value to its
 //! batch (`WriteTx::forget_on_commit`), whose closer forgets it once the batch ends, so
-//! a caller that goes away after its commit still leaves nothing stale. The caches assume one server a SQLite database, which the
-//! server enforces (`lock_for_one_server`).
+//! a caller that goes away after its commit still leaves nothing stale. The caches assume
+//! one server a SQLite database, which the server enforces (`lock_for_one_server`).
 //!
 //! A read that began before a write may end after it: its value is kept only if no write
 //! forgot the value meanwhile (the epoch), as in `node_cache`.
@@ -17,48 +17,36 @@ pub trait Forget: Send + Sync {
     fn forget(&self);
 }
 
-#[derive(Debug, Default)]
-pub struct Kept<T> {
-    inner: Mutex<Inner<T>>,
-}
+/// One value: a `KeptMap` of one key.
+#[derive(Debug)]
+pub struct Kept<T>(KeptMap<(), T>);
 
-#[derive(Debug, Default)]
-struct Inner<T> {
-    /// Bumped by every `forget`.
-    epoch: u64,
-    value: Option<T>,
+impl<T: Clone> Default for Kept<T> {
+    fn default() -> Self {
+        Self(KeptMap::new(1))
+    }
 }
 
 impl<T: Clone> Kept<T> {
     /// The kept value, or the epoch a read made now must `fill` with.
     pub fn get(&self) -> Result<T, u64> {
-        let inner = self.lock();
-        inner.value.clone().ok_or(inner.epoch)
+        self.0.get(&())
     }
 
     /// Keeps `value`, read after `get` answered `epoch`, unless a write forgot since.
     pub fn fill(&self, epoch: u64, value: T) {
-        let mut inner = self.lock();
-        if inner.epoch == epoch {
-            inner.value = Some(value);
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<T>> {
-        self.inner.lock().expect("not poisoned")
+        self.0.fill(epoch, (), value)
     }
 }
 
 impl<T: Send> Forget for Kept<T> {
     /// A write to what the value is made of ended (committed or not): read it again.
     fn forget(&self) {
-        let mut inner = self.inner.lock().expect("not poisoned");
-        inner.epoch += 1;
-        inner.value = None;
+        self.0.forget()
     }
 }
 
-/// `Kept` for many values by key, all forgotten at once; at most `cap` of them (past
+/// Values by key, all forgotten at once; at most `cap` of them (past
 /// that, the map starts again empty: the values are cheap to read again).
 #[derive(Debug)]
 pub struct KeptMap<K, V> {
