@@ -409,7 +409,8 @@ impl Registry {
 
     /// Removes an image nothing uses: no tag points at it, no node is assigned it by
     /// digest or version, and no node whose newest boot ran it is in a state `runs` says
-    /// runs a boot. Its boot records go with it (the event log keeps the transitions);
+    /// runs a boot. Its boot records go with it (the event log keeps the transitions),
+    /// and its nodes' older boots' tokens are revoked, so none becomes good again;
     /// its blobs are left for `gc`. Holds the GC lock, so no publish of the same content
     /// interleaves.
     pub async fn remove(

@@ -275,6 +275,13 @@ pub enum CasOutcome {
     AlreadyAttested,
 }
 
+/// What removing an image writes over the token hashes of its nodes' older boots: the
+/// digest of no known input, so no token matches it. Deleting a node's newest boot would
+/// otherwise make the one before it newest again, and that boot's token (up to a day
+/// old, and perhaps seen by more than the node since) would be good again.
+pub const REVOKED_TOKEN_SHA256: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
 /// A boot as attestation needs it.
 #[derive(Debug, Clone)]
 pub struct BootForAttest {
@@ -695,7 +702,8 @@ pub struct ImageUsers {
 
 /// Removing nodes and images. A node: the row, its history, boots and their downloads,
 /// and its reimage keys go in one transaction with a `node.removed` event. An image: its
-/// rows and the boot records that ran it (with their downloads), in one transaction;
+/// rows and the boot records that ran it (with their downloads), in one transaction
+/// that also revokes the tokens of those nodes' older boots (`REVOKED_TOKEN_SHA256`);
 /// its blobs become unreferenced for `gc`. Events stay (the log is history).
 #[async_trait]
 pub trait RemovalStore: Send + Sync {

@@ -299,6 +299,53 @@ async fn attestation_is_bound_to_its_boot_and_names_every_mismatch() {
     server.stop().await;
 }
 
+/// Removing an image takes its boots with it. A node whose newest boot ran it must not
+/// get the boot before as its newest again: that boot's token stays refused.
+#[tokio::test]
+async fn removing_an_image_does_not_bring_back_an_older_boots_token() {
+    let server = TestServer::start().await;
+    let mut images = Vec::new();
+    for (version, seed) in [("1", 121), ("2", 122)] {
+        let (status, image) = server
+            .publish(good_bundle("demo", version, &noise(20_000, seed)))
+            .await;
+        assert_eq!(status, 201, "{image}");
+        images.push(image);
+    }
+    let fake = FakeNode::new(&server, MAC);
+    server.assign(MAC, "demo:1").await;
+    let first = fake.boot().await;
+    server.assign(MAC, "demo:2").await;
+    let second = fake.boot().await;
+    // Nothing fetched: attestation fails, and a failed node runs nothing its image needs.
+    let (status, verdict) = fake
+        .attest(&second, fake.report(&second, &images[1], &[]))
+        .await;
+    assert_eq!(
+        (status, &verdict["passed"]),
+        (200, &serde_json::json!(false)),
+        "{verdict}"
+    );
+    server.assign(MAC, "demo:1").await;
+    let r = server.delete("/api/v1/images/demo:2").send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+
+    let (status, answer) = fake
+        .attest(&first, fake.report(&first, &images[0], &[]))
+        .await;
+    assert_eq!(
+        status, 403,
+        "the first boot's token is good again: {answer}"
+    );
+    // The node boots on as before: a new boot, a new token.
+    let third = fake.boot().await;
+    let (status, verdict) = fake
+        .attest(&third, fake.report(&third, &images[0], &[]))
+        .await;
+    assert_eq!(status, 200, "{verdict}");
+    server.stop().await;
+}
+
 /// Reimage: a reason, the disruption budget (overall and per rack), idempotency keys, and
 /// the heartbeat that tells the node to reboot.
 #[tokio::test]

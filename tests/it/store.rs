@@ -177,6 +177,7 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
     // agent API's token check): it goes too.
     let other = self::mac(51);
     store.discover(&other, None, "test").await.unwrap();
+    open_boot(&store, &other, "boot-before", &new, None).await;
     open_boot(&store, &other, "boot-other", &old, None).await;
     let read = store.boot_for_attest("boot-other").await.unwrap();
     assert!(read.is_some_and(|b| b.latest));
@@ -206,7 +207,18 @@ async fn an_image_is_removed_with_the_boots_that_ran_it(db: Db) {
     assert_eq!(boots, ["boot-new"], "the old image's boot went with it");
     assert!(store.boot_for_attest("boot-other").await.unwrap().is_none());
     assert!(store.boot_for_attest("boot-old").await.unwrap().is_none());
-    assert!(store.boot_for_attest("boot-new").await.unwrap().is_some());
+    let kept = store.boot_for_attest("boot-new").await.unwrap().unwrap();
+    assert_eq!(
+        kept.token_sha256,
+        Digest::of(b"token"),
+        "a newest boot keeps its token"
+    );
+    // The other node's boot before is its newest again, and its token is no token's.
+    let before = store.boot_for_attest("boot-before").await.unwrap().unwrap();
+    assert_eq!(
+        before.token_sha256.to_string(),
+        bootfleet::store::REVOKED_TOKEN_SHA256
+    );
     assert!(store.image(&new).await.unwrap().is_some());
     assert_eq!(
         store.remove_image(&old).await.unwrap(),

@@ -93,6 +93,17 @@ impl RemovalStore for PgStore {
         let Some((name, version)) = found else {
             return Ok(Removed::Missing);
         };
+        // Before the deletion: the boots it takes decide whose older tokens are revoked.
+        // A node's newest boot keeps its token (it may be running another image).
+        sqlx::query(
+            "UPDATE boots SET token_sha256 = $1
+             WHERE mac IN (SELECT mac FROM boots WHERE image_digest = $2)
+               AND seq < (SELECT MAX(seq) FROM boots newer WHERE newer.mac = boots.mac)",
+        )
+        .bind(crate::store::REVOKED_TOKEN_SHA256)
+        .bind(&key)
+        .execute(&mut *tx)
+        .await?;
         for sql in [
             "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = $1)",
             "DELETE FROM boots WHERE image_digest = $1",

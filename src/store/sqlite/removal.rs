@@ -100,6 +100,17 @@ impl RemovalStore for SqliteStore {
             tx.abandon().await?;
             return Ok(Removed::Missing);
         };
+        // Before the deletion: the boots it takes decide whose older tokens are revoked.
+        // A node's newest boot keeps its token (it may be running another image).
+        sqlx::query(
+            "UPDATE boots SET token_sha256 = ?
+             WHERE mac IN (SELECT mac FROM boots WHERE image_digest = ?)
+               AND rowid < (SELECT MAX(rowid) FROM boots newer WHERE newer.mac = boots.mac)",
+        )
+        .bind(crate::store::REVOKED_TOKEN_SHA256)
+        .bind(&key)
+        .execute(&mut *tx)
+        .await?;
         for sql in [
             "DELETE FROM boot_fetches WHERE boot_id IN (SELECT id FROM boots WHERE image_digest = ?)",
             "DELETE FROM boots WHERE image_digest = ?",
