@@ -347,7 +347,7 @@ impl WriteTx {
         batch.release_owed = true;
         batch.members += 1;
         drop(gate);
-        self.outcome().await
+        outcome(&mut self.ended).await
     }
 
     /// `commit`, and `mac`'s entries in the DHCP node cache and the boot cache dropped
@@ -405,26 +405,27 @@ impl WriteTx {
     /// Gives up this writer's writes (back to its savepoint) and waits for the batch
     /// it read from: an answer drawn from what earlier writers in the batch wrote (a
     /// name taken, a version moved) is given only once that is durable.
-    pub(crate) async fn abandon(mut self) -> Result<(), StoreError> {
-        let mut gate = self.gate.take().expect("a transaction ends once");
-        roll_back_member(&mut gate).await;
-        drop(gate);
-        self.outcome().await
+    pub(crate) async fn abandon(self) -> Result<(), StoreError> {
+        // Rolled back by `drop`, in a task of its own: a caller that went away with the
+        // rollback in flight (a client disconnecting) would leave it owed, and the closer
+        // would then roll back the whole batch, every other member's writes with it.
+        let mut ended = self.ended.clone();
+        drop(self);
+        outcome(&mut ended).await
     }
+}
 
-    /// The batch's outcome, once its closer has it.
-    async fn outcome(&mut self) -> Result<(), StoreError> {
-        let ended = self
-            .ended
-            .wait_for(Option::is_some)
-            .await
-            .map(|o| o.clone().expect("waited for"));
-        match ended {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::batch(e)),
-            // The closer was dropped (the runtime is stopping): nothing of it committed.
-            Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
-        }
+/// A batch's outcome, once its closer has it.
+async fn outcome(ended: &mut watch::Receiver<Outcome>) -> Result<(), StoreError> {
+    let ended = ended
+        .wait_for(Option::is_some)
+        .await
+        .map(|o| o.clone().expect("waited for"));
+    match ended {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(StoreError::batch(e)),
+        // The closer was dropped (the runtime is stopping): nothing of it committed.
+        Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
     }
 }
 
@@ -789,6 +790,48 @@ mod tests {
         insert(&group, &pool, 2).await.unwrap();
         assert_eq!(rows(&pool).await, vec![1, 2]);
         assert_eq!(kept.0.load(Ordering::Relaxed), 1);
+    }
+
+    /// A writer that goes away while its abandon's rollback is in flight costs the batch
+    /// nothing: the other members' writes commit. On one thread, so that the rollback
+    /// cannot finish before the caller is dropped.
+    #[tokio::test]
+    async fn a_writer_going_away_mid_abandon_leaves_the_batch_whole() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool(&dir).await;
+        let group = GroupCommit::new(10_000, Default::default(), Default::default());
+        // Holding the gate, with its batch's closer queued behind it: the two writers
+        // below queue behind that, and share the next batch.
+        let holder = group.begin(&pool).await.unwrap();
+        let kept = {
+            let (group, pool) = (group.clone(), pool.clone());
+            tokio::spawn(async move { insert(&group, &pool, 1).await })
+        };
+        while group.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        let gone = {
+            let (group, pool) = (group.clone(), pool.clone());
+            tokio::spawn(async move {
+                let mut tx = group.begin(&pool).await.unwrap();
+                sqlx::query("INSERT INTO t (n) VALUES (2)")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                // Polled once, in place: the rollback is in flight when it is dropped.
+                tx.abandon().now_or_never().is_none()
+            })
+        };
+        while group.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        holder.commit().await.unwrap();
+        assert!(gone.await.unwrap(), "answered before its batch ended");
+        kept.await
+            .unwrap()
+            .expect("the batch was rolled back for a writer that went away");
+        assert_eq!(rows(&pool).await, vec![1]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
