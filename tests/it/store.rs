@@ -81,6 +81,7 @@ on_both!(
     a_boot_begun_after_the_clock_stepped_back_is_still_the_newest,
     a_uuid_kept_by_another_server_stays_the_nodes,
     a_flush_of_heartbeats_keeps_each_nodes_latest,
+    callers_going_away_mid_write_leave_every_change_whole,
 );
 
 fn mac(i: u32) -> Mac {
@@ -456,6 +457,161 @@ async fn a_flush_of_heartbeats_keeps_each_nodes_latest(db: Db) {
     store.record_heartbeats(&flush).await.unwrap();
     assert_eq!(seen(store.clone()).await, vec![(a, h + 10), (b, h + 20)]);
     store.close().await;
+}
+
+/// Callers going away at any point of a state change (clients disconnecting, a timeout)
+/// while others write the same nodes: the store keeps answering, and each change that
+/// committed did so whole, its boot row with it; none left a connection mid-transaction.
+async fn callers_going_away_mid_write_leave_every_change_whole(db: Db) {
+    let store = db.open().await;
+    let digest = image(&store, "demo", "1").await;
+    let macs: Vec<Mac> = (0..32).map(|i| mac(2000 + i)).collect();
+    for m in &macs {
+        store.discover(m, None, "test").await.unwrap();
+    }
+    let boots = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let writers: Vec<_> = (0..16u64)
+        .map(|w| {
+            let (store, macs, boots) = (store.clone(), macs.clone(), boots.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while std::time::Instant::now() < deadline {
+                    i += 1;
+                    // Two writers per node: compare-and-set decides between them.
+                    let m = macs[((w + i * 7) % macs.len() as u64) as usize];
+                    let change = async {
+                        let node = store.node(&m).await.unwrap().expect("discovered");
+                        let id = format!(
+                            "cancel-{}",
+                            boots.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        );
+                        let token = Digest::of(id.as_bytes());
+                        let boot = Attached::Boot(NewBoot {
+                            id: &id,
+                            image: &digest,
+                            token_sha256: &token,
+                            preboot_json: None,
+                        });
+                        let (to, with) = match node.state {
+                            NodeState::Discovered => (NodeState::Provisioning, Some(&boot)),
+                            _ => (NodeState::Discovered, None),
+                        };
+                        let _ = store
+                            .set_state(&m, node.version, node.state, to, "churn", with)
+                            .await;
+                    };
+                    let cancel_after = std::time::Duration::from_micros((i * 131 + w * 37) % 1000);
+                    if i.is_multiple_of(2) {
+                        let _ = tokio::time::timeout(cancel_after, change).await;
+                    } else {
+                        change.await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        tokio::time::timeout(std::time::Duration::from_secs(30), w)
+            .await
+            .expect("a writer wedged")
+            .unwrap();
+    }
+    // And at each step in turn: polled `polls` times, the store's I/O given time to
+    // answer between polls, so that each await of a change is where one of them is
+    // dropped (in a transaction's BEGIN, a statement, the COMMIT).
+    // Three times over: a step the database answers within its poll is missed.
+    let steps = (0..3).flat_map(|_| (1..=10).flat_map(|polls| [1, 2, 4].map(|gap| (polls, gap))));
+    for (i, (polls, gap_ms)) in steps.enumerate() {
+        let m = macs[i % macs.len()];
+        let node = store.node(&m).await.unwrap().expect("discovered");
+        let to = match node.state {
+            NodeState::Discovered => NodeState::Quarantined,
+            _ => NodeState::Discovered,
+        };
+        let mut change =
+            Box::pin(store.set_state(&m, node.version, node.state, to, "dropped", None));
+        for _ in 0..polls {
+            let polled = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(change.as_mut().poll(cx).is_ready())
+            })
+            .await;
+            if polled {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(gap_ms)).await;
+        }
+        drop(change);
+        // Before anything else begins a transaction (one begun on a connection left
+        // inside a transaction would end it with its own COMMIT).
+        assert_no_transaction_left(&db).await;
+    }
+    // Still writable, at once: nothing holds a lock or a connection mid-transaction.
+    let node = store.node(&macs[0]).await.unwrap().unwrap();
+    let next = match node.state {
+        NodeState::Discovered => NodeState::Quarantined,
+        _ => NodeState::Discovered,
+    };
+    let after = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        store.set_state(&macs[0], node.version, node.state, next, "after", None),
+    )
+    .await
+    .expect("the store wedged")
+    .unwrap();
+    assert!(matches!(after, CasOutcome::Done(_)), "{after:?}");
+    // Each change into provisioning committed with its boot, and no boot without it.
+    let mut changes = 0;
+    for m in &macs {
+        let history = store.node_history(m).await.unwrap();
+        let into = history
+            .iter()
+            .filter(|c| c.to == NodeState::Provisioning)
+            .count();
+        let boots = store.boot_facts(m, 100_000).await.unwrap().len();
+        assert_eq!(
+            into, boots,
+            "{m}: {into} changes into provisioning, {boots} boots"
+        );
+        changes += history.len();
+    }
+    assert!(
+        changes > macs.len() * 4,
+        "too few changes to show anything: {changes}"
+    );
+    assert_no_transaction_left(&db).await;
+    store.close().await;
+}
+
+/// On PostgreSQL: no session of the database is left inside a transaction once its
+/// caller is gone. A connection goes back to the pool from a task of its own, so it is
+/// given a moment to settle; one left inside a transaction stays so.
+async fn assert_no_transaction_left(db: &Db) {
+    let Db::Postgres(url) = db else {
+        return;
+    };
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+        .await
+        .unwrap();
+    let mut stuck = Vec::new();
+    for _ in 0..20 {
+        stuck = sqlx::query_as::<_, (i32, String)>(
+            "SELECT pid, query FROM pg_stat_activity
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        if stuck.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        stuck,
+        [],
+        "sessions left inside a transaction (pid, last query)"
+    );
 }
 
 /// Runs `sql` on the database behind the store's back (what another clock wrote).

@@ -121,10 +121,25 @@ impl PgStore {
 
     /// A transaction; READ COMMITTED, so every write that depends on what it read locks
     /// what it read (a row, or an advisory lock).
+    ///
+    /// Begun in a task of its own. sqlx 0.9.0's `Pool::begin` is not cancel-safe on
+    /// PostgreSQL (transact-rs/sqlx#4393, fixed upstream after 0.9.0): a caller that goes
+    /// away while BEGIN's round trip is in flight (a client disconnecting) leaves the
+    /// session inside a transaction nothing ends, and the pool hands that connection out
+    /// again. Statements meant to commit on their own then run inside it, hold their
+    /// locks and are never committed; a later rollback on it would take them. Spawned,
+    /// the begin always finishes, and a caller gone by then drops a transaction sqlx
+    /// knows of, which it rolls back. `callers_going_away_mid_write_leave_every_change_whole`
+    /// in the store battery catches it.
     pub(crate) async fn tx(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        Ok(self.pool.begin().await?)
+        let pool = self.pool.clone();
+        match tokio::spawn(async move { pool.begin().await }).await {
+            Ok(begun) => Ok(begun?),
+            // The runtime is stopping: nothing will be written.
+            Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
+        }
     }
 
     /// Wakes this server's readers at once (other servers hear the NOTIFY).

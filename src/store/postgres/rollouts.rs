@@ -192,7 +192,7 @@ impl RolloutStore for PgStore {
     ) -> Result<Option<(RolloutRow, Vec<RolloutNodeRow>)>, StoreError> {
         // One snapshot: the rollout and its nodes as of one moment (READ COMMITTED would
         // give each statement its own).
-        let mut conn = self.pool.begin().await?;
+        let mut conn = self.tx().await?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *conn)
             .await?;
