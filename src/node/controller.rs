@@ -137,8 +137,8 @@ impl NodeController {
         self.change(mac, None, event, reason, with).await
     }
 
-    /// `first` (with its reason), then `event` as `apply_with`, in one write where the
-    /// store can (`NodeStore::set_state_via`); a node already where `first` leads takes
+    /// `first` (with its reason), then `event` as `apply_with`, in one write
+    /// (`NodeStore::set_state_via`); a node already where `first` leads takes
     /// `event` alone. For a request that passes a state on its way: a first validation
     /// report moves a booted node through validating.
     pub async fn apply_via(

@@ -527,36 +527,20 @@ pub trait NodeStore: Send + Sync {
         with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError>;
     /// `set_state` from `from` through `via` (its reason `via_reason`) to `to`: two
-    /// changes, each with its history row and event, `with` written with the second. For
-    /// a request that passes a state on its way (a first validation report: booted,
-    /// validating, ready). The embedded store writes both in one transaction; this
-    /// default writes one after the other, as two `set_state`s would, and answers
-    /// `Stale` (the first change stays) when the node moved on from `via` in between.
+    /// changes, each with its history row and event, `with` written with the second, all
+    /// in one transaction (both or neither). For a request that passes a state on its way
+    /// (a first validation report: booted, validating, ready).
     #[allow(clippy::too_many_arguments)]
     async fn set_state_via(
         &self,
         mac: &Mac,
         version: i64,
         from: NodeState,
-        (via, via_reason): (NodeState, &str),
+        via: (NodeState, &str),
         to: NodeState,
         reason: &str,
         with: Option<&Attached<'_>>,
-    ) -> Result<CasOutcome, StoreError> {
-        match self
-            .set_state(mac, version, from, via, via_reason, None)
-            .await?
-        {
-            // The row read back may hold another writer's change made since: the second
-            // step goes only from `via`, else the caller decides again.
-            CasOutcome::Done(node) if node.state == via => {
-                self.set_state(mac, node.version, via, to, reason, with)
-                    .await
-            }
-            CasOutcome::Done(_) => Ok(CasOutcome::Stale),
-            other => Ok(other),
-        }
-    }
+    ) -> Result<CasOutcome, StoreError>;
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError>;
     /// Reads the node and every node reimaging now, asks `rule`, and writes what it
     /// decides (state, history, event), all in one write transaction, so two concurrent

@@ -2059,6 +2059,37 @@ async fn a_change_through_a_state_writes_both_steps_or_neither(db: Db) {
     );
     let facts = store.boot_by_id("boot-via").await.unwrap().unwrap();
     assert!(facts.validated_at_ms.is_some());
+    // The second step refused (what it carries was written before): the first is not
+    // written either.
+    let attestation = Attached::Attestation {
+        boot_id: "boot-via",
+        passed: true,
+        verdict_json: r#"{"passed":true}"#,
+        report_json: "{}",
+    };
+    let through = |version| {
+        store.set_state_via(
+            &mac,
+            version,
+            NodeState::Ready,
+            via,
+            NodeState::Ready,
+            "again",
+            Some(&attestation),
+        )
+    };
+    let again = through(ready.version).await.unwrap();
+    let CasOutcome::Done(again) = again else {
+        panic!("{again:?}")
+    };
+    let history = store.node_history(&mac).await.unwrap().len();
+    let outcome = through(again.version).await.unwrap();
+    assert!(
+        matches!(outcome, CasOutcome::AlreadyAttested),
+        "{outcome:?}"
+    );
+    assert_eq!(store.node(&mac).await.unwrap().unwrap(), *again);
+    assert_eq!(store.node_history(&mac).await.unwrap().len(), history);
     store.close().await;
 }
 

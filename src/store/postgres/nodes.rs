@@ -331,32 +331,20 @@ impl NodeStore for PgStore {
         reason: &str,
         with: Option<&Attached<'_>>,
     ) -> Result<CasOutcome, StoreError> {
-        let mut tx = self.tx().await?;
-        let now = now_ms();
-        let changed = sqlx::query(
-            "UPDATE nodes SET state = $1, state_reason = $2, version = version + 1, updated_at_ms = $3
-             WHERE mac = $4 AND version = $5",
-        )
-        .bind(to.as_str())
-        .bind(reason)
-        .bind(now)
-        .bind(mac.to_string())
-        .bind(version)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed == 0 {
-            return Ok(CasOutcome::Stale);
-        }
-        if let Some(with) = with
-            && !write_attached(&mut tx, mac, with, now).await?
-        {
-            return Ok(CasOutcome::AlreadyAttested);
-        }
-        insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
-        tx.commit().await?;
-        self.notify_events();
-        Ok(CasOutcome::Done(Box::new(written(&self.pool, mac).await?)))
+        self.change(mac, version, &[(from, to, reason)], with).await
+    }
+    async fn set_state_via(
+        &self,
+        mac: &Mac,
+        version: i64,
+        from: NodeState,
+        (via, via_reason): (NodeState, &str),
+        to: NodeState,
+        reason: &str,
+        with: Option<&Attached<'_>>,
+    ) -> Result<CasOutcome, StoreError> {
+        let steps = [(from, via, via_reason), (via, to, reason)];
+        self.change(mac, version, &steps, with).await
     }
     async fn node_history(&self, mac: &Mac) -> Result<Vec<StateChange>, StoreError> {
         let rows: Vec<rows::HistoryRow> = sqlx::query_as(
@@ -494,5 +482,51 @@ impl NodeStore for PgStore {
         .fetch_all(&self.pool)
         .await?;
         rows::last_seen(rows)
+    }
+}
+
+impl PgStore {
+    /// Moves `mac` through `steps` (each a change with its history row and event) in one
+    /// transaction and one row update: the node goes straight to the last step's state,
+    /// its version counting every step; `with` is written with them.
+    async fn change(
+        &self,
+        mac: &Mac,
+        version: i64,
+        steps: &[(NodeState, NodeState, &str)],
+        with: Option<&Attached<'_>>,
+    ) -> Result<CasOutcome, StoreError> {
+        let Some(&(_, to, reason)) = steps.last() else {
+            return Err(StoreError::Corrupt("a state change of no step".into()));
+        };
+        let mut tx = self.tx().await?;
+        let now = now_ms();
+        let changed = sqlx::query(
+            "UPDATE nodes SET state = $1, state_reason = $2, version = version + $3, updated_at_ms = $4
+             WHERE mac = $5 AND version = $6",
+        )
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(steps.len() as i64)
+        .bind(now)
+        .bind(mac.to_string())
+        .bind(version)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Ok(CasOutcome::Stale);
+        }
+        if let Some(with) = with
+            && !write_attached(&mut tx, mac, with, now).await?
+        {
+            return Ok(CasOutcome::AlreadyAttested);
+        }
+        for &(from, to, reason) in steps {
+            insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
+        }
+        tx.commit().await?;
+        self.notify_events();
+        Ok(CasOutcome::Done(Box::new(written(&self.pool, mac).await?)))
     }
 }
