@@ -583,35 +583,59 @@ async fn callers_going_away_mid_write_leave_every_change_whole(db: Db) {
     store.close().await;
 }
 
-/// On PostgreSQL: no session of the database is left inside a transaction once its
-/// caller is gone. A connection goes back to the pool from a task of its own, so it is
-/// given a moment to settle; one left inside a transaction stays so.
+/// No connection to the database is left inside a transaction once its caller is gone:
+/// on PostgreSQL no session is `idle in transaction`; on SQLite another connection takes
+/// the write lock at once. A connection goes back to its pool from a task of its own, so
+/// it is given a moment to settle (a passing check ends at once); one left inside a
+/// transaction stays so.
 async fn assert_no_transaction_left(db: &Db) {
-    let Db::Postgres(url) = db else {
-        return;
-    };
-    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(url)
-        .await
-        .unwrap();
-    let mut stuck = Vec::new();
-    for _ in 0..20 {
-        stuck = sqlx::query_as::<_, (i32, String)>(
-            "SELECT pid, query FROM pg_stat_activity
-             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
-        )
-        .fetch_all(&mut admin)
-        .await
-        .unwrap();
-        if stuck.is_empty() {
-            break;
+    let settle = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    match db {
+        Db::Postgres(url) => {
+            let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+                .await
+                .unwrap();
+            loop {
+                let stuck = sqlx::query_as::<_, (i32, String)>(
+                    "SELECT pid, query FROM pg_stat_activity
+                     WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+                )
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+                if stuck.is_empty() {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < settle,
+                    "sessions left inside a transaction (pid, last query): {stuck:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Db::Sqlite(dir) => {
+            use sqlx::ConnectOptions;
+            let mut other = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(dir.path().join("bootfleet.db"))
+                .busy_timeout(std::time::Duration::ZERO)
+                .connect()
+                .await
+                .unwrap();
+            loop {
+                match sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await {
+                    Ok(_) => {
+                        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+                        return;
+                    }
+                    Err(e) => assert!(
+                        std::time::Instant::now() < settle,
+                        "a connection holds the write lock: {e}"
+                    ),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
     }
-    assert_eq!(
-        stuck,
-        [],
-        "sessions left inside a transaction (pid, last query)"
-    );
 }
 
 /// Runs `sql` on the database behind the store's back (what another clock wrote).

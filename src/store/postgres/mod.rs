@@ -137,6 +137,7 @@ impl PgStore {
         let pool = self.pool.clone();
         match tokio::spawn(async move { pool.begin().await }).await {
             Ok(begun) => Ok(begun?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // The runtime is stopping: nothing will be written.
             Err(_) => Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
         }

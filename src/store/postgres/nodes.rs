@@ -501,22 +501,25 @@ impl PgStore {
         };
         let mut tx = self.tx().await?;
         let now = now_ms();
-        let changed = sqlx::query(
+        // The row as this change wrote it (not read back after the commit, when another
+        // writer may have moved it on).
+        let written: Option<NodeRow> = sqlx::query_as(concat!(
             "UPDATE nodes SET state = $1, state_reason = $2, version = version + $3, updated_at_ms = $4
-             WHERE mac = $5 AND version = $6",
-        )
+             WHERE mac = $5 AND version = $6 RETURNING ",
+            rows::node_columns!()
+        ))
         .bind(to.as_str())
         .bind(reason)
         .bind(steps.len() as i64)
         .bind(now)
         .bind(mac.to_string())
         .bind(version)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed == 0 {
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(written) = written else {
             return Ok(CasOutcome::Stale);
-        }
+        };
+        let node = rows::node(written)?;
         if let Some(with) = with
             && !write_attached(&mut tx, mac, with, now).await?
         {
@@ -527,6 +530,6 @@ impl PgStore {
         }
         tx.commit().await?;
         self.notify_events();
-        Ok(CasOutcome::Done(Box::new(written(&self.pool, mac).await?)))
+        Ok(CasOutcome::Done(Box::new(node)))
     }
 }

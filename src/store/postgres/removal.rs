@@ -86,18 +86,23 @@ impl RemovalStore for PgStore {
         let mut tx = self.tx().await?;
         let key = digest.to_string();
         let found: Option<(String, String)> =
-            sqlx::query_as("SELECT name, version FROM images WHERE digest = $1")
+            // Locked: a boot of it being opened meanwhile (its insert checks the key,
+            // which waits on this lock) fails rather than land between the statements
+            // below, where its node's older tokens would go unrevoked.
+            sqlx::query_as("SELECT name, version FROM images WHERE digest = $1 FOR UPDATE")
                 .bind(&key)
                 .fetch_optional(&mut *tx)
                 .await?;
         let Some((name, version)) = found else {
             return Ok(Removed::Missing);
         };
-        // Before the deletion: the boots it takes decide whose older tokens are revoked.
-        // A node's newest boot keeps its token (it may be running another image).
+        // Before the deletion: of each node whose newest boot ran it, the older boots'
+        // tokens are revoked (any other node's newest boot stays its newest).
         sqlx::query(
             "UPDATE boots SET token_sha256 = $1
-             WHERE mac IN (SELECT mac FROM boots WHERE image_digest = $2)
+             WHERE token_sha256 <> $1
+               AND mac IN (SELECT b.mac FROM boots b WHERE b.image_digest = $2
+                           AND b.seq = (SELECT MAX(seq) FROM boots m WHERE m.mac = b.mac))
                AND seq < (SELECT MAX(seq) FROM boots newer WHERE newer.mac = boots.mac)",
         )
         .bind(crate::store::REVOKED_TOKEN_SHA256)

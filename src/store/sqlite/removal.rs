@@ -100,11 +100,13 @@ impl RemovalStore for SqliteStore {
             tx.abandon().await?;
             return Ok(Removed::Missing);
         };
-        // Before the deletion: the boots it takes decide whose older tokens are revoked.
-        // A node's newest boot keeps its token (it may be running another image).
+        // Before the deletion: of each node whose newest boot ran it, the older boots'
+        // tokens are revoked (any other node's newest boot stays its newest).
         sqlx::query(
-            "UPDATE boots SET token_sha256 = ?
-             WHERE mac IN (SELECT mac FROM boots WHERE image_digest = ?)
+            "UPDATE boots SET token_sha256 = ?1
+             WHERE token_sha256 <> ?1
+               AND mac IN (SELECT b.mac FROM boots b WHERE b.image_digest = ?2
+                           AND b.rowid = (SELECT MAX(rowid) FROM boots m WHERE m.mac = b.mac))
                AND rowid < (SELECT MAX(rowid) FROM boots newer WHERE newer.mac = boots.mac)",
         )
         .bind(crate::store::REVOKED_TOKEN_SHA256)
