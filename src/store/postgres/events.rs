@@ -13,6 +13,17 @@ use crate::api::event::Event;
 use crate::clock::now_ms;
 use crate::store::{EventStore, StoreError, WebhookStore, rows};
 
+/// Takes the event lock, held to the commit. Its own statement: a statement's snapshot
+/// is taken when it starts, and the next one must see every event committed by whoever
+/// held the lock before.
+pub(crate) async fn lock_events(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(lock::EVENTS)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 pub(crate) async fn insert_event(
     conn: &mut sqlx::PgConnection,
     kind: &str,
@@ -20,26 +31,24 @@ pub(crate) async fn insert_event(
     data: &(impl serde::Serialize + Sync),
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(lock::EVENTS)
-        .execute(&mut *conn)
-        .await?;
+    lock_events(conn).await?;
+    // Numbered, and readers on every server woken at commit (not at all on rollback), in
+    // one round trip.
     sqlx::query(
-        "INSERT INTO events (seq, at_ms, kind, mac, data, actor)
-         SELECT COALESCE(MAX(seq), 0) + 1, $1, $2, $3, $4, $5 FROM events",
+        "WITH numbered AS (
+             INSERT INTO events (seq, at_ms, kind, mac, data, actor)
+             SELECT COALESCE(MAX(seq), 0) + 1, $1, $2, $3, $4, $5 FROM events
+         )
+         SELECT pg_notify($6, '')",
     )
     .bind(at_ms)
     .bind(kind)
     .bind(mac.map(|m| m.to_string()))
     .bind(rows::event_data(data)?)
     .bind(crate::audit::actor())
+    .bind(EVENTS_CHANNEL)
     .execute(&mut *conn)
     .await?;
-    // Delivered at commit, to every server listening (and not at all on rollback).
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(EVENTS_CHANNEL)
-        .execute(&mut *conn)
-        .await?;
     Ok(())
 }
 

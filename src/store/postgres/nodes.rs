@@ -16,8 +16,7 @@ use crate::store::{
     ReimageOutcome, ReimageRule, StoreError,
 };
 
-/// The history row and the event of a state change, in the change's transaction; the
-/// event last (it takes the event lock, see `events`).
+/// The history row and the event of a state change, in the change's transaction.
 async fn insert_history(
     conn: &mut sqlx::PgConnection,
     mac: &Mac,
@@ -26,28 +25,66 @@ async fn insert_history(
     reason: &str,
     at_ms: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor) VALUES ($1, $2, $3, $4, $5, $6)")
-        .bind(mac.to_string())
-        .bind(from.map(NodeState::as_str))
-        .bind(to.as_str())
-        .bind(reason)
-        .bind(at_ms)
-        .bind(crate::audit::actor())
-        .execute(&mut *conn)
-        .await?;
-    let data = crate::api::event::NodeStateData {
-        from,
-        to,
-        reason: reason.to_string(),
-    };
-    super::events::insert_event(
-        conn,
-        crate::api::event::kind::NODE_STATE,
-        Some(mac),
-        &data,
-        at_ms,
+    insert_histories(conn, mac, &[(from, to, reason)], at_ms).await
+}
+
+/// The history rows and events of `steps` (from, to, reason), in order, in the change's
+/// transaction, in two round trips to the database: the event lock (see `events`), then
+/// the rows, the numbered events and the wake-up of other servers' readers in one
+/// statement (each its own statement would cost a round trip each).
+async fn insert_histories(
+    conn: &mut sqlx::PgConnection,
+    mac: &Mac,
+    steps: &[(Option<NodeState>, NodeState, &str)],
+    at_ms: i64,
+) -> Result<(), StoreError> {
+    let data = steps
+        .iter()
+        .map(|&(from, to, reason)| {
+            rows::event_data(&crate::api::event::NodeStateData {
+                from,
+                to,
+                reason: reason.to_string(),
+            })
+        })
+        .collect::<Result<Vec<String>, StoreError>>()?;
+    super::events::lock_events(conn).await?;
+    sqlx::query(
+        "WITH steps AS (
+             SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[])
+                 WITH ORDINALITY AS s(from_state, to_state, reason, data, n)
+         ), history AS (
+             INSERT INTO node_history (mac, from_state, to_state, reason, at_ms, actor)
+             SELECT $1, from_state, to_state, reason, $6, $7 FROM steps ORDER BY n
+         ), numbered AS (
+             INSERT INTO events (seq, at_ms, kind, mac, data, actor)
+             SELECT last.seq + steps.n, $6, $8, $1, steps.data, $7
+             FROM steps, (SELECT COALESCE(MAX(seq), 0) AS seq FROM events) last
+         )
+         SELECT pg_notify($9, '')",
     )
-    .await
+    .bind(mac.to_string())
+    .bind(
+        steps
+            .iter()
+            .map(|s| s.0.map(|f| f.as_str().to_string()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        steps
+            .iter()
+            .map(|s| s.1.as_str().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(steps.iter().map(|s| s.2.to_string()).collect::<Vec<_>>())
+    .bind(data)
+    .bind(at_ms)
+    .bind(crate::audit::actor())
+    .bind(crate::api::event::kind::NODE_STATE)
+    .bind(super::EVENTS_CHANNEL)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Writes the row that belongs with a state change; false when the attestation was
@@ -525,9 +562,11 @@ impl PgStore {
         {
             return Ok(CasOutcome::AlreadyAttested);
         }
-        for &(from, to, reason) in steps {
-            insert_history(&mut tx, mac, Some(from), to, reason, now).await?;
-        }
+        let history: Vec<_> = steps
+            .iter()
+            .map(|&(from, to, reason)| (Some(from), to, reason))
+            .collect();
+        insert_histories(&mut tx, mac, &history, now).await?;
         tx.commit().await?;
         self.notify_events();
         Ok(CasOutcome::Done(Box::new(node)))
