@@ -270,7 +270,8 @@ pub async fn serve(
         });
     }
     drop(listener);
-    let open = graceful.count();
+    // Connections being served (those still waiting for a slot end at once).
+    let open = slots.held();
     if tokio::time::timeout(settings.shutdown_grace(), graceful.shutdown())
         .await
         .is_err()
