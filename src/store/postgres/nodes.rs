@@ -540,7 +540,7 @@ impl PgStore {
         let now = now_ms();
         // The row as this change wrote it (not read back after the commit, when another
         // writer may have moved it on).
-        let written: Option<NodeRow> = sqlx::query_as(concat!(
+        let row: Option<NodeRow> = sqlx::query_as(concat!(
             "UPDATE nodes SET state = $1, state_reason = $2, version = version + $3, updated_at_ms = $4
              WHERE mac = $5 AND version = $6 RETURNING ",
             rows::node_columns!()
@@ -553,10 +553,10 @@ impl PgStore {
         .bind(version)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(written) = written else {
+        let Some(row) = row else {
             return Ok(CasOutcome::Stale);
         };
-        let node = rows::node(written)?;
+        let node = rows::node(row)?;
         if let Some(with) = with
             && !write_attached(&mut tx, mac, with, now).await?
         {
