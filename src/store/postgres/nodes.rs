@@ -262,22 +262,26 @@ impl NodeStore for PgStore {
                 }
             }
         }
-        let inserted = sqlx::query(
+        // The row as inserted; none when the node is known (a conflict returns nothing).
+        let row: Option<NodeRow> = sqlx::query_as(concat!(
             "INSERT INTO nodes (mac, uuid, labels, state, state_reason, version, created_at_ms, updated_at_ms)
-             VALUES ($1, $2, '{}', $3, $4, 1, $5, $5) ON CONFLICT (mac) DO NOTHING",
-        )
+             VALUES ($1, $2, '{}', $3, $4, 1, $5, $5) ON CONFLICT (mac) DO NOTHING RETURNING ",
+            rows::node_columns!()
+        ))
         .bind(mac.to_string())
         .bind(uuid)
         .bind(NodeState::Discovered.as_str())
         .bind(reason)
         .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-            == 1;
-        if inserted {
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = row {
             insert_history(&mut tx, mac, None, NodeState::Discovered, reason, now).await?;
-        } else if let Some(uuid) = uuid {
+            tx.commit().await?;
+            self.notify_events();
+            return Ok(Some((rows::node(row)?, true)));
+        }
+        if let Some(uuid) = uuid {
             // Firmware may send the UUID only on some boots: the first one seen is kept
             // (see the SQLite store).
             sqlx::query("UPDATE nodes SET uuid = $1 WHERE mac = $2 AND uuid IS NULL")
@@ -287,20 +291,22 @@ impl NodeStore for PgStore {
                 .await?;
         }
         tx.commit().await?;
-        if inserted {
-            self.notify_events();
-        }
-        Ok(Some((written(&self.pool, mac).await?, inserted)))
+        Ok(Some((written(&self.pool, mac).await?, false)))
     }
     async fn assign(&self, mac: &Mac, reference: &str) -> Result<NodeRecord, StoreError> {
         self.discover(mac, None, "registered by an admin").await?;
         let mut tx = self.tx().await?;
-        sqlx::query("UPDATE nodes SET assigned_ref = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3")
-            .bind(reference)
-            .bind(now_ms())
-            .bind(mac.to_string())
-            .execute(&mut *tx)
-            .await?;
+        let row: Option<NodeRow> = sqlx::query_as(concat!(
+            "UPDATE nodes SET assigned_ref = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3 RETURNING ",
+            rows::node_columns!()
+        ))
+        .bind(reference)
+        .bind(now_ms())
+        .bind(mac.to_string())
+        .fetch_optional(&mut *tx)
+        .await?;
+        // Removed since its discovery just above.
+        let row = row.ok_or_else(|| StoreError::Corrupt(format!("node {mac} vanished")))?;
         let data = crate::api::event::NodeAssignedData {
             image: reference.to_string(),
         };
@@ -314,7 +320,7 @@ impl NodeStore for PgStore {
         .await?;
         tx.commit().await?;
         self.notify_events();
-        written(&self.pool, mac).await
+        rows::node(row)
     }
     async fn label(
         &self,
@@ -338,13 +344,15 @@ impl NodeStore for PgStore {
         for k in remove {
             labels.remove(k);
         }
-        sqlx::query(
-            "UPDATE nodes SET labels = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3",
-        )
+        // Locked above: the row is there.
+        let row: NodeRow = sqlx::query_as(concat!(
+            "UPDATE nodes SET labels = $1, version = version + 1, updated_at_ms = $2 WHERE mac = $3 RETURNING ",
+            rows::node_columns!()
+        ))
         .bind(serde_json::to_string(&labels).expect("string map serialises"))
         .bind(now_ms())
         .bind(mac.to_string())
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
         let data = crate::api::event::NodeLabelledData { labels };
         super::events::insert_event(
@@ -357,7 +365,7 @@ impl NodeStore for PgStore {
         .await?;
         tx.commit().await?;
         self.notify_events();
-        Ok(Some(written(&self.pool, mac).await?))
+        Ok(Some(rows::node(row)?))
     }
     async fn set_state(
         &self,
