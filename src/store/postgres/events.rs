@@ -2,8 +2,9 @@
 //! `lock::EVENTS`, held to the commit of the transaction that writes it: two servers'
 //! events can never commit out of number order, so a reader that has seen `seq` n has
 //! seen every event up to n, and the numbers have no gaps. The lock is taken last in each
-//! transaction (every row it changes is changed first), so it is held only for the
-//! insert and the commit.
+//! transaction (every row it changes is changed first, but for a state change's history
+//! rows, written in its events' statement), so it is held only for that insert and the
+//! commit.
 
 use async_trait::async_trait;
 
