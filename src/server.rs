@@ -384,6 +384,8 @@ async fn serve_listeners(
     } else {
         router(state.clone())
     };
+    // Boot routes only: the admin listener serves no blobs.
+    let small_blobs = crate::http::small_blobs::SmallBlobs::new(state);
     let admin = listeners.admin.map(|admin| {
         serve(
             admin,
@@ -391,6 +393,7 @@ async fn serve_listeners(
             settings,
             tls.clone(),
             state.blob_maps.clone(),
+            None,
             shutdown.clone(),
         )
     });
@@ -401,6 +404,7 @@ async fn serve_listeners(
             settings,
             Some(config.clone()),
             state.blob_maps.clone(),
+            small_blobs.clone(),
             shutdown.clone(),
         )),
         (Some(_), None) => anyhow::bail!("an HTTPS listener without [http] tls_cert_file"),
@@ -418,6 +422,7 @@ async fn serve_listeners(
             settings,
             None,
             state.blob_maps.clone(),
+            small_blobs,
             shutdown.clone()
         ),
         optional(admin),

@@ -97,10 +97,7 @@ pub async fn get_blob(
             .and_then(|v: &HeaderValue| v.to_str().ok())
     };
 
-    let mut response = Response::builder()
-        .header(header::ETAG, &etag)
-        .header(header::CACHE_CONTROL, "public, max-age=31536000, immutable")
-        .header(header::ACCEPT_RANGES, "bytes");
+    let mut response = about(&etag);
     if header_str(header::IF_NONE_MATCH).is_some_and(|v| none_match(v, &etag)) {
         return Ok(response
             .status(StatusCode::NOT_MODIFIED)
@@ -157,12 +154,47 @@ pub async fn get_blob(
         // on a new connection.
         response = response.header(header::CONNECTION, "close");
     }
-    Ok(response
+    Ok(finish(response, status, count, body))
+}
+
+/// The answer to a plain `GET` of the whole of a small blob kept in memory and read since
+/// the store's last removal, as `get_blob` gives it; `None` for any other blob (the
+/// router's `get_blob` looks further). For `http::small_blobs`, which answers before
+/// routing.
+pub(super) fn kept_whole(state: &AppState, digest: &Digest) -> Option<Response> {
+    let bytes = kept_small(state, digest)?;
+    let etag = format!("\"{digest}\"");
+    let count = bytes.len() as u64;
+    Some(finish(
+        about(&etag),
+        StatusCode::OK,
+        count,
+        Body::from(bytes),
+    ))
+}
+
+/// The headers of every answer about the blob whose ETag is `etag`.
+fn about(etag: &str) -> axum::http::response::Builder {
+    Response::builder()
+        .header(header::ETAG, etag)
+        .header(header::CACHE_CONTROL, "public, max-age=31536000, immutable")
+        .header(header::ACCEPT_RANGES, "bytes")
+}
+
+/// `response` as a `status` answer carrying `count` bytes of the blob (none in `body`
+/// for HEAD).
+fn finish(
+    response: axum::http::response::Builder,
+    status: StatusCode,
+    count: u64,
+    body: Body,
+) -> Response {
+    response
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::CONTENT_LENGTH, count)
         .body(body)
-        .expect("valid response"))
+        .expect("valid response")
 }
 
 /// A small blob kept in memory and read since the store's last removal: no filesystem

@@ -19,6 +19,7 @@ mod rollouts;
 pub mod sendfile;
 pub mod serve;
 mod slots;
+pub mod small_blobs;
 pub mod tls;
 mod tokens;
 mod ui;

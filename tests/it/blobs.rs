@@ -128,6 +128,101 @@ async fn serves_whole_ranges_and_conditionals() {
     server.stop().await;
 }
 
+/// A small blob, once kept in memory, is answered before routing (`http::small_blobs`):
+/// the same answer and the same count in `/metrics` as the router's, and never a blob
+/// removed since it was kept.
+#[tokio::test]
+async fn small_blobs_answered_before_routing_are_the_routers_answer() {
+    let server = TestServer::start().await;
+    let kernel = b"a small kernel, kept in memory".to_vec();
+    let hex = publish_kernel(&server, &kernel).await;
+    let url = server.url(&format!("/blobs/sha256/{hex}"));
+    let http = bootfleet::http_client::builder().build().unwrap();
+    let answer = |r: reqwest::Response| async move {
+        let status = r.status();
+        let mut headers: Vec<(String, String)> = r
+            .headers()
+            .iter()
+            .filter(|(name, _)| *name != "date")
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        headers.sort();
+        (status, headers, r.bytes().await.unwrap())
+    };
+    // The first read keeps it (the router's path); the next ones are answered from memory.
+    let routed = answer(http.get(&url).send().await.unwrap()).await;
+    assert_eq!(routed.0, 200);
+    assert_eq!(routed.2.as_ref(), kernel.as_slice());
+    for _ in 0..3 {
+        assert_eq!(answer(http.get(&url).send().await.unwrap()).await, routed);
+    }
+    let head = answer(http.head(&url).send().await.unwrap()).await;
+    assert_eq!((head.0, &head.1), (routed.0, &routed.1), "HEAD, routed");
+    // A boot's download still goes through the router, which ends its connection.
+    let boot = http
+        .get(format!("{url}?boot=0123456789abcdef"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(boot.headers()["connection"], "close");
+    // Conditions and ranges, too.
+    let r = http
+        .get(&url)
+        .header("range", "bytes=2-6")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &kernel[2..7]);
+    let etag = format!("\"sha256:{hex}\"");
+    let r = http
+        .get(&url)
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+    let route = r#"route="/blobs/sha256/{hex}""#;
+    assert_eq!(
+        server
+            .metric(&format!(
+                r#"bootfleet_http_requests_total{{{route},method="GET",code="2xx"}}"#
+            ))
+            .await,
+        6,
+        "four whole, one boot's, one range"
+    );
+    assert_eq!(
+        server
+            .metric(&format!("bootfleet_http_response_bytes_total{{{route}}}"))
+            .await,
+        6 * kernel.len() as u64 + 5,
+        "as announced: five whole, the HEAD's length, a range of 5"
+    );
+    assert_eq!(
+        server
+            .metric(&format!(
+                "bootfleet_http_request_duration_seconds_count{{{route}}}"
+            ))
+            .await,
+        8
+    );
+
+    // Quarantined after it was kept: never answered from memory again.
+    std::fs::write(
+        server.blob_dir().join(&hex),
+        b"a small kernel that has rotted",
+    )
+    .unwrap();
+    let report = server.post_json("/api/v1/blobs/verify").await;
+    assert_eq!(
+        report["quarantined"],
+        serde_json::json!([format!("sha256:{hex}")])
+    );
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 404);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn verify_quarantines_corrupt_blobs_and_their_images_are_never_handed_out() {
     let server = TestServer::start().await;
