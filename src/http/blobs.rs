@@ -173,12 +173,16 @@ pub(super) fn kept_whole(state: &AppState, digest: &Digest) -> Option<Response> 
     ))
 }
 
-/// The headers of every answer about the blob whose ETag is `etag`.
+/// The headers of every answer about the blob whose ETag is `etag`. Constant values are
+/// static: a `&str` value is copied and checked for every response.
 fn about(etag: &str) -> axum::http::response::Builder {
     Response::builder()
         .header(header::ETAG, etag)
-        .header(header::CACHE_CONTROL, "public, max-age=31536000, immutable")
-        .header(header::ACCEPT_RANGES, "bytes")
+        .header(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, max-age=31536000, immutable"),
+        )
+        .header(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"))
 }
 
 /// `response` as a `status` answer carrying `count` bytes of the blob (none in `body`
@@ -191,7 +195,10 @@ fn finish(
 ) -> Response {
     response
         .status(status)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )
         .header(header::CONTENT_LENGTH, count)
         .body(body)
         .expect("valid response")
