@@ -384,8 +384,7 @@ async fn serve_listeners(
     } else {
         router(state.clone())
     };
-    // Boot routes only: the admin listener serves no blobs.
-    let small_blobs = crate::http::small_blobs::SmallBlobs::new(state);
+    let kept_blobs = crate::http::small_blobs::KeptBlobAnswers::new(state);
     let admin = listeners.admin.map(|admin| {
         serve(
             admin,
@@ -393,7 +392,7 @@ async fn serve_listeners(
             settings,
             tls.clone(),
             state.blob_maps.clone(),
-            None,
+            None, // the admin listener serves no blobs
             shutdown.clone(),
         )
     });
@@ -404,7 +403,7 @@ async fn serve_listeners(
             settings,
             Some(config.clone()),
             state.blob_maps.clone(),
-            small_blobs.clone(),
+            kept_blobs.clone(),
             shutdown.clone(),
         )),
         (Some(_), None) => anyhow::bail!("an HTTPS listener without [http] tls_cert_file"),
@@ -422,7 +421,7 @@ async fn serve_listeners(
             settings,
             None,
             state.blob_maps.clone(),
-            small_blobs,
+            kept_blobs,
             shutdown.clone()
         ),
         optional(admin),

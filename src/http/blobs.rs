@@ -157,20 +157,13 @@ pub async fn get_blob(
     Ok(finish(response, status, count, body))
 }
 
-/// The answer to a plain `GET` of the whole of a small blob kept in memory and read since
-/// the store's last removal, as `get_blob` gives it; `None` for any other blob (the
-/// router's `get_blob` looks further). For `http::small_blobs`, which answers before
+/// The answer to a plain `GET` of the whole of small blob `digest` whose bytes are kept
+/// in memory, as `get_blob` gives it: for `http::small_blobs`, which answers before
 /// routing.
-pub(super) fn kept_whole(state: &AppState, digest: &Digest) -> Option<Response> {
-    let bytes = kept_small(state, digest)?;
+pub(super) fn whole_small(digest: &Digest, bytes: Bytes) -> Response {
     let etag = format!("\"{digest}\"");
     let count = bytes.len() as u64;
-    Some(finish(
-        about(&etag),
-        StatusCode::OK,
-        count,
-        Body::from(bytes),
-    ))
+    finish(about(&etag), StatusCode::OK, count, Body::from(bytes))
 }
 
 /// The headers of every answer about the blob whose ETag is `etag`. Constant values are

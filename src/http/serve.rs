@@ -166,15 +166,15 @@ impl HttpSettings {
 /// Serves `app` on `listener` (over TLS when `tls` is given) until `shutdown` is
 /// cancelled, then gives open connections `shutdown_grace` to finish their requests and
 /// closes the rest. Plain connections send the bytes of `blob_maps`' mappings with
-/// sendfile. `small_blobs`, where given, answers plain requests for small blobs before
-/// `app` routes them.
+/// sendfile. `kept_blobs`, where given, answers plain requests for small blobs kept in
+/// memory before `app` routes them.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     settings: &HttpSettings,
     tls: Option<Arc<rustls::ServerConfig>>,
     blob_maps: Arc<super::blob_maps::BlobMaps>,
-    small_blobs: Option<Arc<super::small_blobs::SmallBlobs>>,
+    kept_blobs: Option<Arc<super::small_blobs::KeptBlobAnswers>>,
     shutdown: CancellationToken,
 ) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
@@ -214,7 +214,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let blob_maps = blob_maps.clone();
         let app = tower_http::add_extension::AddExtension::new(app.clone(), Peer(peer));
-        let app = super::small_blobs::SmallBlobsFirst::new(app, small_blobs.clone());
+        let app = super::small_blobs::KeptBlobsFirst::new(app, kept_blobs.clone());
         let app = close_when_busy(app, slots.clone(), settings.keep_alive_connections);
         let watcher = graceful.watcher();
         let builder = builder.clone();

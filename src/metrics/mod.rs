@@ -210,6 +210,22 @@ fn method_name(method: &str) -> &'static str {
 }
 
 impl Inner {
+    /// The labels of a request to `route` by `method` answered `status`.
+    fn http_labels(&self, route: &str, method: &str, status: u16) -> HttpLabels {
+        let code = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        HttpLabels {
+            route: self.route_name(route),
+            method: method_name(method),
+            code,
+        }
+    }
+
     /// `route` as a label value that lives as long as the process: interned on first
     /// sight. Templates come from the router, a fixed set; past `MAX_LABEL_VALUES` of
     /// them (a bug, not traffic) the rest count as "other".
@@ -274,27 +290,27 @@ impl Metrics {
 
     /// One answered HTTP request, by route template.
     pub fn http_request(&self, route: &str, method: &str, status: u16, bytes: u64, secs: f64) {
-        self.http_route(route, method, status).record(bytes, secs);
+        let labels = self.0.http_labels(route, method, status);
+        let route = RouteLabels {
+            route: labels.route,
+        };
+        self.0.http_requests.get_or_create(&labels).inc();
+        self.0
+            .http_response_bytes
+            .get_or_create(&route)
+            .inc_by(bytes);
+        self.0.http_seconds.get_or_create(&route).observe(secs);
     }
 
-    /// The counters of requests to `route` by `method` answered `status`, looked up once:
-    /// for a path answered before routing, where the lookup would be a fair part of the
-    /// request's cost. They count under the same labels as `http_request`'s.
+    /// The series of requests to `route` by `method` answered `status`, looked up once
+    /// (and so shown from now on, at 0 until counted): for a path answered before
+    /// routing, where the lookup would be a fair part of the request's cost. They count
+    /// what `http_request` would.
     pub fn http_route(&self, route: &str, method: &str, status: u16) -> HttpRouteCounters {
-        let code = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+        let labels = self.0.http_labels(route, method, status);
+        let route = RouteLabels {
+            route: labels.route,
         };
-        let route = self.0.route_name(route);
-        let labels = HttpLabels {
-            route,
-            method: method_name(method),
-            code,
-        };
-        let route = RouteLabels { route };
         HttpRouteCounters {
             requests: self.0.http_requests.get_or_create(&labels).clone(),
             bytes: self.0.http_response_bytes.get_or_create(&route).clone(),
