@@ -3,6 +3,7 @@
 //! is named, so the drifted state says what changed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::api::agent::{Difference, NodeFacts};
 
@@ -12,7 +13,9 @@ pub struct Baseline {
     pub kernel_release: String,
     pub cmdline: String,
     pub versions: BTreeMap<String, String>,
-    pub modules: BTreeMap<String, String>,
+    /// Every loaded module (a hundred or more on a GPU server): shared between the
+    /// baselines that list the same ones (`heartbeat::Baselines`).
+    pub modules: Arc<BTreeMap<String, String>>,
     /// GPU UUIDs validated; None when the boot was not validated.
     pub gpus: Option<Vec<String>>,
 }
@@ -21,34 +24,36 @@ pub struct Baseline {
 /// module that was there and is gone counts; one never seen before counts too.
 pub fn compare(baseline: &Baseline, facts: &NodeFacts) -> Vec<Difference> {
     let mut out = Vec::new();
-    let mut diff = |field: String, was: &str, now: &str| {
+    // The field is named only for a difference: a heartbeat's facts are compared whole,
+    // and most are the same as at boot.
+    let mut diff = |field: &dyn Fn() -> String, was: &str, now: &str| {
         if was != now {
             out.push(Difference {
-                field,
+                field: field(),
                 was: was.into(),
                 now: now.into(),
             })
         }
     };
     if let Some(k) = &facts.kernel_release {
-        diff("kernel_release".into(), &baseline.kernel_release, k);
+        diff(&|| "kernel_release".into(), &baseline.kernel_release, k);
     }
     if let Some(c) = &facts.cmdline {
-        diff("cmdline".into(), baseline.cmdline.trim(), c.trim());
+        diff(&|| "cmdline".into(), baseline.cmdline.trim(), c.trim());
     }
     let absent = "(absent)";
     let maps = [
         ("versions", &baseline.versions, &facts.versions),
-        ("modules", &baseline.modules, &facts.modules),
+        ("modules", &*baseline.modules, &facts.modules),
     ];
     for (name, was, now) in maps {
-        if now.is_empty() {
-            continue; // not reported this time
+        if now.is_empty() || was == now {
+            continue; // not reported this time, or the same
         }
         let keys: BTreeSet<&String> = was.keys().chain(now.keys()).collect();
         for k in keys {
             diff(
-                format!("{name}.{k}"),
+                &|| format!("{name}.{k}"),
                 was.get(k).map_or(absent, String::as_str),
                 now.get(k).map_or(absent, String::as_str),
             );
@@ -58,10 +63,10 @@ pub fn compare(baseline: &Baseline, facts: &NodeFacts) -> Vec<Difference> {
         let was: BTreeSet<&String> = was.iter().collect();
         let now: BTreeSet<&String> = now.iter().collect();
         for gone in was.difference(&now) {
-            diff("gpus".into(), gone, absent);
+            diff(&|| "gpus".into(), gone, absent);
         }
         for new in now.difference(&was) {
-            diff("gpus".into(), absent, new);
+            diff(&|| "gpus".into(), absent, new);
         }
     }
     out
@@ -76,7 +81,7 @@ mod tests {
             kernel_release: "6.1.0-28-cloud-amd64".into(),
             cmdline: "console=ttyS0 bootfleet.boot=b1".into(),
             versions: BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
-            modules: BTreeMap::from([("nvidia".into(), "550.127.05".into())]),
+            modules: Arc::new(BTreeMap::from([("nvidia".into(), "550.127.05".into())])),
             gpus: Some(vec!["GPU-a".into(), "GPU-b".into()]),
         }
     }

@@ -51,6 +51,7 @@ impl Behaviour {
             pxe_attempts: 3,
             kernel_release: setup::KERNEL_RELEASE.into(),
             versions: [("nvidia-driver".to_string(), setup::DRIVER.to_string())].into(),
+            modules: gpu_server_modules(),
             gpu_report: gpu_report(),
             telemetry: true,
             reboots: 0,
@@ -65,6 +66,20 @@ pub fn gpu_report() -> crate::api::agent::ValidationReport {
         "../../tests/fixtures/gpu/hgx-h100-healthy.json"
     ))
     .expect("the fixture is JSON")
+}
+
+/// The loaded modules every simulated node reports: a GPU server's (a composed fixture;
+/// "-" in it is a module without a version).
+pub fn gpu_server_modules() -> std::collections::BTreeMap<String, String> {
+    include_str!("../../tests/fixtures/gpu/hgx-h100-modules.synthesised.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, version)| {
+            let version = if version == "-" { "" } else { version };
+            (name.to_string(), version.to_string())
+        })
+        .collect()
 }
 
 /// The highest summed RssAnon of `pids`, sampled every 50 ms until `stop`: /proc keeps
@@ -140,4 +155,15 @@ pub async fn run(storm: Storm, segment: dhcp::Segment) -> anyhow::Result<Report>
     };
     let strays = segment.strays.load(std::sync::atomic::Ordering::Relaxed);
     Ok(report::build(&results, wall, strays, server))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_simulated_nodes_report_a_gpu_servers_modules() {
+        let modules = super::gpu_server_modules();
+        assert_eq!(modules.len(), 162);
+        assert_eq!(modules["nvidia"], super::setup::DRIVER, "the image's pin");
+        assert_eq!(modules["drm"], "", "in-tree: no version");
+    }
 }

@@ -67,6 +67,9 @@ pub struct Behaviour {
     /// The pins the simulated agent reports (what the storm image pins).
     pub kernel_release: String,
     pub versions: BTreeMap<String, String>,
+    /// The loaded modules the agent reports at attestation and in each heartbeat's facts
+    /// (a GPU server's hundred and more, as the real agent sends them).
+    pub modules: BTreeMap<String, String>,
     /// The validation report, with GPU UUIDs made per node.
     pub gpu_report: ValidationReport,
     /// Heartbeats carry each GPU's and InfiniBand port's readings (as the agent's do);
@@ -368,7 +371,7 @@ pub(crate) async fn from_script(
             cmdline: plan.args.clone(),
             versions: b.versions.clone(),
             artifacts: Vec::new(),
-            modules: BTreeMap::new(),
+            modules: b.modules.clone(),
             verity_root_hash: None,
             stage1_failure: None,
         },
@@ -487,7 +490,7 @@ pub(crate) async fn heartbeat(
             kernel_release: Some(b.kernel_release.clone()),
             cmdline: Some(booted.args.clone()),
             versions: b.versions.clone(),
-            modules: BTreeMap::new(),
+            modules: b.modules.clone(),
             gpus: Some(booted.uuids.clone()),
         }),
         gpus: if b.telemetry {

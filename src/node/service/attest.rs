@@ -282,7 +282,8 @@ impl NodeService {
                     tracing::warn!(error = %e, boot = %req.boot_id, "cannot remove a spent TPM challenge");
                 }
                 if verdict.passed {
-                    self.baselines.attested(&req.boot_id, &req.report);
+                    self.baselines
+                        .attested(&boot.mac, &req.boot_id, &req.report);
                 }
                 self.time_attested(boot, &image.record.artifacts, &fetches, verdict.passed);
                 Ok(verdict)

@@ -3,8 +3,8 @@
 
 use super::attest::{AttestError, Refusal};
 use super::{BootError, NodeService};
-use crate::api::NodeState;
 use crate::api::agent::{AttestReport, Difference, HeartbeatAnswer, HeartbeatRequest, NextAction};
+use crate::api::{Mac, NodeState};
 use crate::node::drift::{Baseline, compare};
 use crate::node::policy::DriftAction;
 use crate::node::reimage::ReimageError;
@@ -32,88 +32,145 @@ fn attested_baseline(report: &AttestReport, gpus: Option<Vec<String>>) -> Baseli
         kernel_release: report.kernel_release.clone(),
         cmdline: report.cmdline.clone(),
         versions: report.versions.clone(),
-        modules: report.modules.clone(),
+        modules: Arc::new(report.modules.clone()),
         gpus,
     }
 }
 
-/// Each boot's drift baseline, kept once known: a heartbeat of a ready node compared its
-/// facts with a baseline read and parsed from the boot row (two queries and a JSON parse)
-/// every time, though a boot's attestation never changes and its validation only when
-/// it is validated again. A passed attestation here keeps its part (no GPUs yet: not
-/// served to heartbeats), which a validation here completes; a boot attested or
-/// validated by another server is read from the store at its first heartbeat here.
-/// Bounded: past `BASELINES_MAX` entries it starts over (a fleet's nodes each have one
-/// current boot). Another server's revalidation of a boot is not seen here until this
-/// server restarts or starts over; a passed revalidation within one boot names the GPUs
-/// the first one did.
+/// Each node's current boot's drift baseline, kept once known: a heartbeat of a ready
+/// node compared its facts with a baseline read and parsed from the boot row (two queries
+/// and a JSON parse) every time, though a boot's attestation never changes and its
+/// validation only when it is validated again. A passed attestation here keeps its part
+/// (no GPUs yet: not served to heartbeats), which a validation here completes; a boot
+/// attested or validated by another server is read from the store at its first heartbeat
+/// here. One a node, its latest boot's, and the module lists shared: a baseline lists
+/// every loaded module (some 15 KB on a GPU server), the same on every node of an image,
+/// and kept a boot each, 10,000 nodes would hold 150 MB and a fleet that reboots its old
+/// boots' too. Bounded: past `BASELINES_MAX` nodes it starts over. Another server's
+/// revalidation of a boot is not seen here until this server restarts or starts over; a
+/// passed revalidation within one boot names the GPUs the first one did.
 #[derive(Default)]
-pub struct Baselines(std::sync::Mutex<std::collections::HashMap<String, Arc<Baseline>>>);
+pub struct Baselines(std::sync::Mutex<Known>);
+
+type Modules = std::collections::BTreeMap<String, String>;
+
+#[derive(Default)]
+pub struct Known {
+    nodes: std::collections::HashMap<Mac, Kept>,
+    /// The module lists kept baselines hold, each once.
+    modules: std::collections::HashSet<Arc<Modules>>,
+    /// Module lists past which those no baseline holds are dropped (twice the count
+    /// after the last drop, so that dropping costs a constant a list).
+    modules_limit: usize,
+}
+
+/// A node's boot and its baseline.
+struct Kept {
+    boot_id: String,
+    baseline: Arc<Baseline>,
+}
 
 const BASELINES_MAX: usize = 65_536;
 
-impl Baselines {
-    /// A validated boot's baseline (one only attested here is not final).
-    fn get(&self, boot_id: &str) -> Option<Arc<Baseline>> {
-        let all = self.0.lock().expect("not poisoned");
-        all.get(boot_id).filter(|b| b.gpus.is_some()).cloned()
-    }
-
-    fn keep(&self, boot_id: &str, baseline: Arc<Baseline>) {
-        bounded_insert(&mut self.0.lock().expect("not poisoned"), boot_id, baseline);
-    }
-
-    /// The boot passed its attestation here: what its heartbeats will be compared with,
-    /// but for the GPUs its validation will name.
-    /// Nothing kept already is replaced (a validation may have completed it).
-    pub fn attested(&self, boot_id: &str, report: &AttestReport) {
-        let mut all = self.0.lock().expect("not poisoned");
-        if !all.contains_key(boot_id) {
-            bounded_insert(&mut all, boot_id, Arc::new(attested_baseline(report, None)));
+impl Known {
+    /// Keeps `baseline` as `mac`'s, for its boot `boot_id`, with its module list shared;
+    /// returns it as kept. Past `BASELINES_MAX` nodes it starts over.
+    fn keep(&mut self, mac: &Mac, boot_id: &str, mut baseline: Baseline) -> Arc<Baseline> {
+        if self.nodes.len() >= BASELINES_MAX && !self.nodes.contains_key(mac) {
+            *self = Known::default();
         }
+        baseline.modules = self.shared(baseline.modules);
+        let baseline = Arc::new(baseline);
+        let boot_id = boot_id.to_string();
+        let kept = Kept {
+            boot_id,
+            baseline: baseline.clone(),
+        };
+        self.nodes.insert(*mac, kept);
+        baseline
     }
 
-    /// The boot was validated (again) here with `gpus`: its baseline, if kept, is
-    /// complete (or its GPUs replaced); if not, its first heartbeat reads it.
-    pub fn validated(&self, boot_id: &str, gpus: Vec<String>) {
-        let mut all = self.0.lock().expect("not poisoned");
-        if let Some(kept) = all.get_mut(boot_id) {
-            let mut baseline = Baseline::clone(kept);
-            baseline.gpus = Some(gpus);
-            *kept = Arc::new(baseline);
+    /// The kept copy of `modules` if there is one, else `modules`, kept.
+    fn shared(&mut self, modules: Arc<Modules>) -> Arc<Modules> {
+        if let Some(kept) = self.modules.get(&*modules) {
+            return kept.clone();
         }
+        if self.modules.len() >= self.modules_limit {
+            self.modules.retain(|m| Arc::strong_count(m) > 1);
+            self.modules_limit = (2 * self.modules.len()).max(64);
+        }
+        self.modules.insert(modules.clone());
+        modules
     }
 }
 
-/// Past `BASELINES_MAX` entries the map starts over.
-fn bounded_insert(
-    all: &mut std::collections::HashMap<String, Arc<Baseline>>,
-    boot_id: &str,
-    baseline: Arc<Baseline>,
-) {
-    if all.len() >= BASELINES_MAX {
-        all.clear();
+impl Baselines {
+    /// `mac`'s boot `boot_id`'s baseline if validated (one only attested here is not
+    /// final).
+    fn get(&self, mac: &Mac, boot_id: &str) -> Option<Arc<Baseline>> {
+        let known = self.0.lock().expect("not poisoned");
+        known
+            .nodes
+            .get(mac)
+            .filter(|k| k.boot_id == boot_id && k.baseline.gpus.is_some())
+            .map(|k| k.baseline.clone())
     }
-    all.insert(boot_id.to_string(), baseline);
+
+    fn keep(&self, mac: &Mac, boot_id: &str, baseline: Baseline) -> Arc<Baseline> {
+        let mut known = self.0.lock().expect("not poisoned");
+        known.keep(mac, boot_id, baseline)
+    }
+
+    /// `mac`'s boot `boot_id` passed its attestation here: what its heartbeats will be
+    /// compared with, but for the GPUs its validation will name. What is kept of the same
+    /// boot is not replaced (a validation may have completed it); an earlier boot's is.
+    pub fn attested(&self, mac: &Mac, boot_id: &str, report: &AttestReport) {
+        let mut known = self.0.lock().expect("not poisoned");
+        if known.nodes.get(mac).is_none_or(|k| k.boot_id != boot_id) {
+            known.keep(mac, boot_id, attested_baseline(report, None));
+        }
+    }
+
+    /// `mac`'s boot `boot_id` was validated (again) here with `gpus`: its baseline, if
+    /// kept, is complete (or its GPUs replaced); if not, its first heartbeat reads it.
+    pub fn validated(&self, mac: &Mac, boot_id: &str, gpus: Vec<String>) {
+        let mut known = self.0.lock().expect("not poisoned");
+        if let Some(kept) = known.nodes.get_mut(mac).filter(|k| k.boot_id == boot_id) {
+            let mut baseline = Baseline::clone(&kept.baseline);
+            baseline.gpus = Some(gpus);
+            kept.baseline = Arc::new(baseline);
+        }
+    }
+
+    /// Nodes with a baseline kept, and module lists kept.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let known = self.0.lock().expect("not poisoned");
+        (known.nodes.len(), known.modules.len())
+    }
 }
 
 impl NodeService {
-    /// `boot_id`'s baseline, from memory or the store.
-    async fn baseline(&self, boot_id: &str) -> Result<Option<Arc<Baseline>>, AttestError> {
-        if let Some(hit) = self.baselines.get(boot_id) {
+    /// `mac`'s boot `boot_id`'s baseline, from memory or the store.
+    async fn baseline(
+        &self,
+        mac: &Mac,
+        boot_id: &str,
+    ) -> Result<Option<Arc<Baseline>>, AttestError> {
+        if let Some(hit) = self.baselines.get(mac, boot_id) {
             return Ok(Some(hit));
         }
         let Some(boot) = self.store.boot_by_id(boot_id).await? else {
             return Ok(None);
         };
-        let Some(baseline) = baseline_of(&boot).map(Arc::new) else {
+        let Some(baseline) = baseline_of(&boot) else {
             return Ok(None);
         };
         // Only a validated boot's baseline is final until its next validation.
-        if baseline.gpus.is_some() {
-            self.baselines.keep(boot_id, baseline.clone());
+        if baseline.gpus.is_none() {
+            return Ok(Some(Arc::new(baseline)));
         }
-        Ok(Some(baseline))
+        Ok(Some(self.baselines.keep(mac, boot_id, baseline)))
     }
 
     pub async fn heartbeat(
@@ -175,7 +232,7 @@ impl NodeService {
                 node.state,
                 NodeState::Ready | NodeState::Degraded | NodeState::Drifted
             )
-            && let Some(baseline) = self.baseline(&req.boot_id).await?
+            && let Some(baseline) = self.baseline(mac, &req.boot_id).await?
         {
             drift = compare(&baseline, facts);
         }
@@ -229,30 +286,103 @@ mod tests {
         }
     }
 
+    fn mac(last: u8) -> Mac {
+        Mac::from([0x52, 0x54, 0, 0, 0, last])
+    }
+
     #[test]
     fn an_attested_baseline_is_served_once_its_validation_names_the_gpus() {
         let kept = Baselines::default();
-        kept.attested("b1", &report());
-        assert!(kept.get("b1").is_none(), "no GPUs yet: read from the store");
-        kept.validated("b1", vec!["GPU-1".into()]);
+        let m = mac(1);
+        kept.attested(&m, "b1", &report());
+        assert!(
+            kept.get(&m, "b1").is_none(),
+            "no GPUs yet: read from the store"
+        );
+        kept.validated(&m, "b1", vec!["GPU-1".into()]);
         // A late second attestation (a retry's) leaves the complete one.
-        kept.attested("b1", &report());
-        let baseline = kept.get("b1").expect("complete");
+        kept.attested(&m, "b1", &report());
+        let baseline = kept.get(&m, "b1").expect("complete");
         assert_eq!(baseline.gpus.as_deref(), Some(&["GPU-1".to_string()][..]));
         assert_eq!(baseline.kernel_release, "6.1.0-18-amd64");
         // A revalidation here replaces the GPUs.
-        kept.validated("b1", vec!["GPU-2".into()]);
-        let again = kept.get("b1").expect("complete");
+        kept.validated(&m, "b1", vec!["GPU-2".into()]);
+        let again = kept.get(&m, "b1").expect("complete");
         assert_eq!(again.gpus.as_deref(), Some(&["GPU-2".to_string()][..]));
+        assert!(kept.get(&mac(2), "b1").is_none(), "another node's");
     }
 
     #[test]
     fn a_validation_of_a_boot_attested_elsewhere_keeps_nothing() {
         let kept = Baselines::default();
-        kept.validated("b2", vec!["GPU-1".into()]);
+        kept.validated(&mac(1), "b2", vec!["GPU-1".into()]);
         assert!(
-            kept.get("b2").is_none(),
+            kept.get(&mac(1), "b2").is_none(),
             "its first heartbeat reads the store"
         );
+    }
+
+    #[test]
+    fn module_lists_are_kept_once_and_dropped_when_no_baseline_holds_them() {
+        let kept = Baselines::default();
+        let with = |n: usize| AttestReport {
+            modules: [
+                (format!("mod{n}"), String::new()),
+                ("nvidia".into(), "550".into()),
+            ]
+            .into(),
+            ..report()
+        };
+        for node in 0..10 {
+            kept.attested(&mac(node), "b0", &with(0));
+        }
+        assert_eq!(kept.counts(), (10, 1));
+        let modules = |node| {
+            kept.0.lock().unwrap().nodes[&mac(node)]
+                .baseline
+                .modules
+                .clone()
+        };
+        assert!(Arc::ptr_eq(&modules(0), &modules(9)), "one copy");
+        // Every node reboots, again and again, into a list of that boot's.
+        for boot in 1..200 {
+            for node in 0..10 {
+                kept.attested(&mac(node), &format!("b{boot}"), &with(boot));
+            }
+        }
+        let (nodes, lists) = kept.counts();
+        assert_eq!(nodes, 10);
+        assert!(
+            lists <= 64,
+            "lists no baseline holds are dropped: {lists} kept"
+        );
+        assert_eq!(modules(3)["mod199"], "");
+    }
+
+    #[test]
+    fn a_node_keeps_only_its_latest_boots_baseline() {
+        let kept = Baselines::default();
+        for boot in 0..100 {
+            for node in 0..3 {
+                let (m, id) = (mac(node), format!("boot-{boot}"));
+                kept.attested(&m, &id, &report());
+                kept.validated(&m, &id, vec![format!("GPU-{boot}")]);
+            }
+        }
+        assert_eq!(
+            kept.counts(),
+            (3, 1),
+            "one a node, not one a boot; one module list"
+        );
+        let latest = kept.get(&mac(1), "boot-99").expect("the latest boot's");
+        assert_eq!(latest.gpus.as_deref(), Some(&["GPU-99".to_string()][..]));
+        assert!(
+            kept.get(&mac(1), "boot-98").is_none(),
+            "an earlier boot's is gone"
+        );
+        // A validation of the earlier boot (a late one) does not touch the latest's.
+        kept.validated(&mac(1), "boot-98", vec!["GPU-x".into()]);
+        let still = kept.get(&mac(1), "boot-99").expect("kept");
+        assert_eq!(still.gpus.as_deref(), Some(&["GPU-99".to_string()][..]));
     }
 }

@@ -70,7 +70,7 @@ pub struct NodeService {
     pub health: Arc<crate::health::Health>,
     /// When nodes were last heard, stored in batches (a heartbeat writes nothing itself).
     pub liveness: Arc<crate::node::liveness::Liveness>,
-    /// Each boot's drift baseline, read once (`heartbeat::Baselines`).
+    /// Each node's latest boot's drift baseline, read once (`heartbeat::Baselines`).
     pub baselines: heartbeat::Baselines,
     /// The declared InfiniBand cabling validation checks ports against (`[fabric]`).
     pub fabric: Option<Arc<crate::fabric::topology::Topology>>,

@@ -101,7 +101,7 @@ impl NodeService {
             )
             .await
             .map_err(not_now)?;
-        self.baselines.validated(&req.boot_id, gpus);
+        self.baselines.validated(mac, &req.boot_id, gpus);
         self.time_validated(boot, &verdict);
         if !verdict.passed {
             self.after_failure(mac, &reason).await?;
