@@ -189,6 +189,7 @@ fn main() -> ExitCode {
         figures: args.figures,
         ib_peers: args.ib_peers,
         tpm,
+        baseline_modules: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

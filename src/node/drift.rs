@@ -5,10 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::api::agent::{Difference, NodeFacts};
+use crate::api::Digest;
+use crate::api::agent::{Difference, NodeFacts, modules_digest};
 
 /// What the node was at attestation and validation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Baseline {
     pub kernel_release: String,
     pub cmdline: String,
@@ -16,8 +17,31 @@ pub struct Baseline {
     /// Every loaded module (a hundred or more on a GPU server): shared between the
     /// baselines that list the same ones (`heartbeat::Baselines`).
     pub modules: Arc<BTreeMap<String, String>>,
+    /// `modules`' digest (`api::agent::modules_digest`): a heartbeat may send it alone.
+    pub modules_sha256: Digest,
     /// GPU UUIDs validated; None when the boot was not validated.
     pub gpus: Option<Vec<String>>,
+}
+
+impl Baseline {
+    /// A baseline of `modules` and the rest; GPUs are added by validation.
+    pub fn new(
+        kernel_release: String,
+        cmdline: String,
+        versions: BTreeMap<String, String>,
+        modules: BTreeMap<String, String>,
+        gpus: Option<Vec<String>>,
+    ) -> Self {
+        let modules_sha256 = modules_digest(&modules);
+        Self {
+            kernel_release,
+            cmdline,
+            versions,
+            modules: Arc::new(modules),
+            modules_sha256,
+            gpus,
+        }
+    }
 }
 
 /// Differences between `facts` and `baseline`, for what `facts` reports. A version or
@@ -59,6 +83,14 @@ pub fn compare(baseline: &Baseline, facts: &NodeFacts) -> Vec<Difference> {
             );
         }
     }
+    // The list's digest in its place: the same list, or one that cannot be named here.
+    if let (true, Some(now)) = (facts.modules.is_empty(), &facts.modules_sha256) {
+        diff(
+            &|| "modules".into(),
+            &baseline.modules_sha256.to_string(),
+            &now.to_string(),
+        );
+    }
     if let (Some(was), Some(now)) = (&baseline.gpus, &facts.gpus) {
         let was: BTreeSet<&String> = was.iter().collect();
         let now: BTreeSet<&String> = now.iter().collect();
@@ -77,13 +109,13 @@ mod tests {
     use super::*;
 
     fn baseline() -> Baseline {
-        Baseline {
-            kernel_release: "6.1.0-28-cloud-amd64".into(),
-            cmdline: "console=ttyS0 bootfleet.boot=b1".into(),
-            versions: BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
-            modules: Arc::new(BTreeMap::from([("nvidia".into(), "550.127.05".into())])),
-            gpus: Some(vec!["GPU-a".into(), "GPU-b".into()]),
-        }
+        Baseline::new(
+            "6.1.0-28-cloud-amd64".into(),
+            "console=ttyS0 bootfleet.boot=b1".into(),
+            BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
+            BTreeMap::from([("nvidia".into(), "550.127.05".into())]),
+            Some(vec!["GPU-a".into(), "GPU-b".into()]),
+        )
     }
 
     fn same() -> NodeFacts {
@@ -92,8 +124,35 @@ mod tests {
             cmdline: Some("console=ttyS0 bootfleet.boot=b1\n".into()),
             versions: BTreeMap::from([("nvidia-driver".into(), "550.127.05".into())]),
             modules: BTreeMap::from([("nvidia".into(), "550.127.05".into())]),
+            modules_sha256: None,
             gpus: Some(vec!["GPU-b".into(), "GPU-a".into()]),
         }
+    }
+
+    #[test]
+    fn a_module_lists_digest_stands_for_it() {
+        let mut f = same();
+        let list = std::mem::take(&mut f.modules);
+        f.modules_sha256 = Some(modules_digest(&list));
+        assert_eq!(compare(&baseline(), &f), vec![], "the baseline's list");
+        let mut other = list.clone();
+        other.insert("nouveau".into(), "".into());
+        f.modules_sha256 = Some(modules_digest(&other));
+        let d: Vec<String> = compare(&baseline(), &f)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            d,
+            [format!(
+                "modules: was {}, now {}",
+                modules_digest(&list),
+                modules_digest(&other)
+            )]
+        );
+        // A list sent whole is compared whole, whatever digest comes with it.
+        f.modules = list;
+        assert_eq!(compare(&baseline(), &f), vec![]);
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl Behaviour {
             kernel_release: setup::KERNEL_RELEASE.into(),
             versions: [("nvidia-driver".to_string(), setup::DRIVER.to_string())].into(),
             modules: gpu_server_modules(),
+            modules_sha256: crate::api::agent::modules_digest(&gpu_server_modules()),
             gpu_report: gpu_report(),
             telemetry: true,
             reboots: 0,

@@ -70,6 +70,8 @@ pub struct Behaviour {
     /// The loaded modules the agent reports at attestation and in each heartbeat's facts
     /// (a GPU server's hundred and more, as the real agent sends them).
     pub modules: BTreeMap<String, String>,
+    /// `modules`' digest, sent in their place while the server names it as the baseline's.
+    pub modules_sha256: crate::api::Digest,
     /// The validation report, with GPU UUIDs made per node.
     pub gpu_report: ValidationReport,
     /// Heartbeats carry each GPU's and InfiniBand port's readings (as the agent's do);
@@ -248,6 +250,8 @@ pub struct Booted {
     mac: Mac,
     args: String,
     uuids: Vec<String>,
+    /// The baseline's module digest the last heartbeat's answer named.
+    baseline_modules: std::sync::Mutex<Option<crate::api::Digest>>,
 }
 
 impl Booted {
@@ -430,6 +434,7 @@ pub(crate) async fn from_script(
         mac,
         args: plan.args,
         uuids,
+        baseline_modules: Default::default(),
     }))
 }
 
@@ -483,6 +488,9 @@ pub(crate) async fn heartbeat(
     r: &mut NodeResult,
 ) -> Result<NextAction, Failed> {
     let t = Instant::now();
+    // As the agent: the list's digest alone while it is the baseline's last named.
+    let known = *booted.baseline_modules.lock().expect("not poisoned");
+    let unchanged = known == Some(b.modules_sha256);
     let heartbeat = HeartbeatRequest {
         boot_id: booted.boot.clone(),
         mac: booted.mac,
@@ -490,7 +498,12 @@ pub(crate) async fn heartbeat(
             kernel_release: Some(b.kernel_release.clone()),
             cmdline: Some(booted.args.clone()),
             versions: b.versions.clone(),
-            modules: b.modules.clone(),
+            modules: if unchanged {
+                BTreeMap::new()
+            } else {
+                b.modules.clone()
+            },
+            modules_sha256: unchanged.then_some(b.modules_sha256),
             gpus: Some(booted.uuids.clone()),
         }),
         gpus: if b.telemetry {
@@ -510,6 +523,7 @@ pub(crate) async fn heartbeat(
         .await
         .map_err(|e| Failed(Phase::Heartbeat, e))?;
     r.phases.push((Phase::Heartbeat, t.elapsed()));
+    *booted.baseline_modules.lock().expect("not poisoned") = answer.baseline_modules_sha256;
     Ok(answer.action)
 }
 

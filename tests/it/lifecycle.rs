@@ -94,7 +94,17 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
         "versions": { "nvidia-driver": "550.127.05" }, "modules": { "nvidia": "550.127.05" },
         "gpus": gpu_uuids(8) });
     let (status, answer) = node.heartbeat(&boot, Some(facts)).await;
-    assert_eq!((status, &answer), (200, &json!({ "action": "none" })));
+    let attested: std::collections::BTreeMap<String, String> =
+        [("nvidia".to_string(), "550.127.05".to_string())].into();
+    let listed = bootfleet::api::agent::modules_digest(&attested).to_string();
+    assert_eq!(
+        (status, &answer),
+        (
+            200,
+            &json!({ "action": "none", "baseline_modules_sha256": listed })
+        ),
+        "the baseline's module list named by its digest"
+    );
 
     // The state changes (the assignment is an event of its own, by the admin).
     let all: Vec<Value> = events(&server, "?since=0")
@@ -188,6 +198,53 @@ async fn discovery_to_ready_with_events_a_stream_and_a_timeline() {
     assert_eq!(
         transitions(page["events"].as_array().unwrap()),
         transitions(&all)
+    );
+    server.stop().await;
+}
+
+/// A heartbeat may send the digest its last answer named in place of its module list
+/// (some 5 KB on a GPU server): the same list, no drift; another digest, a drift that
+/// names both.
+#[tokio::test]
+async fn a_heartbeat_may_send_its_module_lists_digest_in_its_place() {
+    let server = TestServer::start().await;
+    let image = publish_tagged(&server, "1", 1).await;
+    let node = FakeNode::new(&server, "52-54-00-10-00-0d");
+    node.script().await;
+    server.assign(&node.mac, "demo:stable").await;
+    let boot = node.boot_to_ready(&image).await;
+    let attested: std::collections::BTreeMap<String, String> =
+        [("nvidia".to_string(), "550.127.05".to_string())].into();
+    let listed = bootfleet::api::agent::modules_digest(&attested).to_string();
+    let mut facts = json!({ "kernel_release": "6.1.0-28-cloud-amd64", "cmdline": boot.cmdline,
+        "versions": { "nvidia-driver": "550.127.05" }, "modules": {}, "modules_sha256": listed,
+        "gpus": gpu_uuids(8) });
+    let (status, answer) = node.heartbeat(&boot, Some(facts.clone())).await;
+    assert_eq!(
+        (status, &answer),
+        (
+            200,
+            &json!({ "action": "none", "baseline_modules_sha256": listed })
+        ),
+    );
+    let mut other = attested.clone();
+    other.insert("nouveau".into(), String::new());
+    let other = bootfleet::api::agent::modules_digest(&other).to_string();
+    facts["modules_sha256"] = json!(other);
+    let (_, answer) = node.heartbeat(&boot, Some(facts.clone())).await;
+    assert_eq!(
+        answer["drift"],
+        json!([{ "field": "modules", "was": listed, "now": other }]),
+        "{answer}"
+    );
+    assert_eq!(node.state().await, "drifted");
+    // The list itself names what differs.
+    facts["modules"] = json!({ "nvidia": "550.127.05", "nouveau": "" });
+    let (_, answer) = node.heartbeat(&boot, Some(facts)).await;
+    assert_eq!(
+        answer["drift"],
+        json!([{ "field": "modules.nouveau", "was": "(absent)", "now": "" }]),
+        "{answer}"
     );
     server.stop().await;
 }

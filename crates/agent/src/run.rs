@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bootfleet_api::agent::{
     AttestReport, AttestRequest, HeartbeatAnswer, HeartbeatRequest, NextAction, NodeFacts,
-    TpmChallengeAnswer, TpmChallengeRequest, TpmEvidence, ValidateRequest,
+    TpmChallengeAnswer, TpmChallengeRequest, TpmEvidence, ValidateRequest, modules_digest,
 };
 use bootfleet_api::{Digest, Mac};
 use serde::Serialize;
@@ -89,6 +89,10 @@ pub struct Agent {
     pub ib_peers: bool,
     /// The TPM to attest with (its TCTI) and the firmware's event log; None: no TPM.
     pub tpm: Option<(String, PathBuf)>,
+    /// The digest of the module list the server compares heartbeats with, as its last
+    /// answer named it: while the node's list has it, heartbeats send the digest alone.
+    /// Empty at start, so that a restarted agent sends its list once.
+    pub baseline_modules: std::sync::Mutex<Option<Digest>>,
 }
 
 /// How the conversation ended.
@@ -408,7 +412,14 @@ impl Agent {
     }
 
     pub async fn heartbeat(&self) -> Result<NextAction, String> {
-        let f = self.facts();
+        let mut f = self.facts();
+        // The list's digest alone while it is the baseline's the last answer named.
+        let modules_sha256 = modules_digest(&f.modules);
+        let unchanged =
+            *self.baseline_modules.lock().expect("not poisoned") == Some(modules_sha256);
+        if unchanged {
+            f.modules.clear();
+        }
         let readings = self.gpus.read();
         let xids = super::xid::from_kernel_log(&self.root);
         let samples = super::gpu::samples(&readings.gpus, &xids);
@@ -421,6 +432,7 @@ impl Agent {
                 cmdline: Some(f.cmdline),
                 versions: f.versions,
                 modules: f.modules,
+                modules_sha256: unchanged.then_some(modules_sha256),
                 gpus: Some(gpus),
             }),
             gpus: samples,
@@ -431,9 +443,10 @@ impl Agent {
         if status != 200 {
             return Err(format!("heartbeat refused ({status}): {answer}"));
         }
-        serde_json::from_value::<HeartbeatAnswer>(answer.clone())
-            .map(|a| a.action)
-            .map_err(|e| format!("heartbeat answer {answer}: {e}"))
+        let answer = serde_json::from_value::<HeartbeatAnswer>(answer.clone())
+            .map_err(|e| format!("heartbeat answer {answer}: {e}"))?;
+        *self.baseline_modules.lock().expect("not poisoned") = answer.baseline_modules_sha256;
+        Ok(answer.action)
     }
 
     /// Attest, validate, then heartbeat until the server says reboot (or once).

@@ -435,11 +435,23 @@ pub struct NodeFacts {
     /// Versions by pin name (`nvidia-driver`, `ofed`...).
     #[serde(default)]
     pub versions: BTreeMap<String, String>,
-    /// Loaded kernel modules and their versions (`nvidia` -> `550.127.05`).
+    /// Loaded kernel modules and their versions (`nvidia` -> `550.127.05`); empty when
+    /// not reported, as when `modules_sha256` stands for them.
     #[serde(default)]
     pub modules: BTreeMap<String, String>,
+    /// The digest of the node's module list (`modules_digest`), sent instead of the list
+    /// while it is the one the last answer named (`HeartbeatAnswer::baseline_modules_sha256`):
+    /// a GPU server's list is some 5 KB, and it rarely changes within a boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules_sha256: Option<Digest>,
     /// UUIDs of the GPUs visible now; None when not reported.
     pub gpus: Option<Vec<String>>,
+}
+
+/// A module list's digest, the same on both sides: SHA-256 of its JSON (a `BTreeMap`
+/// writes its keys in order).
+pub fn modules_digest(modules: &BTreeMap<String, String>) -> Digest {
+    Digest::of(&serde_json::to_vec(modules).expect("a map of strings is JSON"))
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -475,6 +487,11 @@ pub struct HeartbeatAnswer {
     /// What differs from the attested baseline, when anything does.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drift: Vec<Difference>,
+    /// The digest (`modules_digest`) of the module list this boot's heartbeats are
+    /// compared with; absent before there is one. While its own list has this digest, the
+    /// agent may send the digest alone (`NodeFacts::modules_sha256`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_modules_sha256: Option<Digest>,
 }
 
 /// The qualifying data a boot's quote carries: SHA-256("bootfleet-quote\0" ‖ secret ‖

@@ -13,7 +13,11 @@ use crate::store::BootFacts;
 use std::sync::Arc;
 
 fn answer(action: NextAction, drift: Vec<Difference>) -> HeartbeatAnswer {
-    HeartbeatAnswer { action, drift }
+    HeartbeatAnswer {
+        action,
+        drift,
+        baseline_modules_sha256: None,
+    }
 }
 
 /// The baseline a boot's facts are compared with: its attestation report, and the GPUs
@@ -28,13 +32,13 @@ fn baseline_of(boot: &BootFacts) -> Option<Baseline> {
 }
 
 fn attested_baseline(report: &AttestReport, gpus: Option<Vec<String>>) -> Baseline {
-    Baseline {
-        kernel_release: report.kernel_release.clone(),
-        cmdline: report.cmdline.clone(),
-        versions: report.versions.clone(),
-        modules: Arc::new(report.modules.clone()),
+    Baseline::new(
+        report.kernel_release.clone(),
+        report.cmdline.clone(),
+        report.versions.clone(),
+        report.modules.clone(),
         gpus,
-    }
+    )
 }
 
 /// Each node's current boot's drift baseline, kept once known: a heartbeat of a ready
@@ -227,6 +231,8 @@ impl NodeService {
             _ => {}
         }
         let mut drift = Vec::new();
+        // Named in the answer, so that the agent may send the list's digest alone.
+        let mut modules_sha256 = None;
         if let Some(facts) = &req.facts
             && matches!(
                 node.state,
@@ -235,7 +241,12 @@ impl NodeService {
             && let Some(baseline) = self.baseline(mac, &req.boot_id).await?
         {
             drift = compare(&baseline, facts);
+            modules_sha256 = Some(baseline.modules_sha256);
         }
+        let answer = |action, drift| HeartbeatAnswer {
+            baseline_modules_sha256: modules_sha256,
+            ..answer(action, drift)
+        };
         if !drift.is_empty() {
             let named: Vec<String> = drift.iter().map(ToString::to_string).collect();
             let named = named.join("; ");
