@@ -69,9 +69,7 @@ pub struct Behaviour {
     pub versions: BTreeMap<String, String>,
     /// The loaded modules the agent reports at attestation and in each heartbeat's facts
     /// (a GPU server's hundred and more, as the real agent sends them).
-    pub modules: BTreeMap<String, String>,
-    /// `modules`' digest, sent in their place while the server names it as the baseline's.
-    pub modules_sha256: crate::api::Digest,
+    pub modules: ModuleList,
     /// The validation report, with GPU UUIDs made per node.
     pub gpu_report: ValidationReport,
     /// Heartbeats carry each GPU's and InfiniBand port's readings (as the agent's do);
@@ -82,6 +80,21 @@ pub struct Behaviour {
     /// attestation or validation failed; 0: a failure is final.
     pub reboots: u32,
     pub reboot_after: Duration,
+}
+
+/// A module list and its digest (sent in its place while the server names it as the
+/// baseline's), made together so that they cannot disagree.
+#[derive(Debug, Clone)]
+pub struct ModuleList {
+    pub list: BTreeMap<String, String>,
+    pub sha256: crate::api::Digest,
+}
+
+impl ModuleList {
+    pub fn new(list: BTreeMap<String, String>) -> Self {
+        let sha256 = crate::api::agent::modules_digest(&list);
+        Self { list, sha256 }
+    }
 }
 
 /// What one node's boot came to.
@@ -375,7 +388,7 @@ pub(crate) async fn from_script(
             cmdline: plan.args.clone(),
             versions: b.versions.clone(),
             artifacts: Vec::new(),
-            modules: b.modules.clone(),
+            modules: b.modules.list.clone(),
             verity_root_hash: None,
             stage1_failure: None,
         },
@@ -490,7 +503,7 @@ pub(crate) async fn heartbeat(
     let t = Instant::now();
     // As the agent: the list's digest alone while it is the baseline's last named.
     let known = *booted.baseline_modules.lock().expect("not poisoned");
-    let unchanged = known == Some(b.modules_sha256);
+    let unchanged = known == Some(b.modules.sha256);
     let heartbeat = HeartbeatRequest {
         boot_id: booted.boot.clone(),
         mac: booted.mac,
@@ -501,9 +514,9 @@ pub(crate) async fn heartbeat(
             modules: if unchanged {
                 BTreeMap::new()
             } else {
-                b.modules.clone()
+                b.modules.list.clone()
             },
-            modules_sha256: unchanged.then_some(b.modules_sha256),
+            modules_sha256: unchanged.then_some(b.modules.sha256),
             gpus: Some(booted.uuids.clone()),
         }),
         gpus: if b.telemetry {

@@ -247,3 +247,73 @@ async fn checks_the_image_asks_for_run_and_a_check_that_cannot_run_fails() {
     );
     server.stop().await;
 }
+
+/// Heartbeats send the module list's digest while the list is the one the server's answer
+/// named, and the list itself once it changes: a module loaded after ready is named.
+#[tokio::test]
+async fn a_module_loaded_after_ready_is_named_though_heartbeats_send_a_digest() {
+    use tokio::io::AsyncBufReadExt as _;
+    let server = TestServer::start().await;
+    server
+        .publish_query(good_bundle("hgx", "1", b"kernel"), "?tag=hgx:stable")
+        .await;
+    let (node, boot) = booted(&server, "52-54-00-30-00-0d", "hgx:stable").await;
+    let root = node_root(
+        &boot,
+        "6,100,1000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module 550.127.05\n",
+    );
+    let readings = readings_file(root.path(), &healthy());
+    let mut agent = tokio::process::Command::new(agent_bin())
+        .arg("--root")
+        .arg(root.path())
+        .arg("--gpu-readings")
+        .arg(&readings)
+        .args(["--heartbeat-secs", "1"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(agent.stdout.take().unwrap()).lines();
+    // The first heartbeat sends the list; once an answer named its digest, the digest.
+    let mut sent = Vec::new();
+    let heard = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let said: Value = serde_json::from_str(&line).unwrap_or_default();
+            if said["step"] == "heartbeat" {
+                assert!(
+                    said["answer"]["baseline_modules_sha256"].is_string(),
+                    "{said}"
+                );
+                sent.push(said["sent"].as_str().unwrap().to_string());
+                if sent.len() == 2 {
+                    return;
+                }
+            }
+        }
+        panic!("the agent stopped");
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), heard)
+        .await
+        .expect("two heartbeats answered within 30 s");
+    assert_eq!(sent, ["modules", "modules digest"]);
+    assert_eq!(node.state().await, "ready", "the digest is the baseline's");
+
+    // A module loads: the next heartbeat sends the list, and the server names the module.
+    let modules = root.path().join("proc/modules");
+    let mut list = std::fs::read_to_string(&modules).unwrap();
+    list.push_str("nouveau 2494464 0 - Live 0x0000000000000000\n");
+    std::fs::write(&modules, list).unwrap();
+    let mut state = Value::Null;
+    for _ in 0..60 {
+        state = node.node().await;
+        if state["state"] == "drifted" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert_eq!(state["state"], "drifted", "{state}");
+    let reason = state["state_reason"].as_str().unwrap();
+    assert!(reason.contains("modules.nouveau: was (absent)"), "{reason}");
+    agent.kill().await.unwrap();
+    server.stop().await;
+}

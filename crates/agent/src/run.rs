@@ -91,7 +91,7 @@ pub struct Agent {
     pub tpm: Option<(String, PathBuf)>,
     /// The digest of the module list the server compares heartbeats with, as its last
     /// answer named it: while the node's list has it, heartbeats send the digest alone.
-    /// Empty at start, so that a restarted agent sends its list once.
+    /// None at start, so that a restarted agent sends its list once.
     pub baseline_modules: std::sync::Mutex<Option<Digest>>,
 }
 
@@ -439,7 +439,15 @@ impl Agent {
             ib_ports: super::facts::ib_samples(&self.root),
         };
         let (status, answer) = self.post("/api/v1/agent/heartbeat", &body).await;
-        Self::say("heartbeat", status, &answer);
+        let sent = if unchanged {
+            "modules digest"
+        } else {
+            "modules"
+        };
+        println!(
+            "{}",
+            json!({ "step": "heartbeat", "status": status, "answer": answer, "sent": sent })
+        );
         if status != 200 {
             return Err(format!("heartbeat refused ({status}): {answer}"));
         }

@@ -441,15 +441,19 @@ pub struct NodeFacts {
     pub modules: BTreeMap<String, String>,
     /// The digest of the node's module list (`modules_digest`), sent instead of the list
     /// while it is the one the last answer named (`HeartbeatAnswer::baseline_modules_sha256`):
-    /// a GPU server's list is some 5 KB, and it rarely changes within a boot.
+    /// a GPU server's list is some 5 KB, and it rarely changes within a boot. Another
+    /// digest is not a drift: the answer names the baseline's, and the agent sends its
+    /// list next, which names what differs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modules_sha256: Option<Digest>,
     /// UUIDs of the GPUs visible now; None when not reported.
     pub gpus: Option<Vec<String>>,
 }
 
-/// A module list's digest, the same on both sides: SHA-256 of its JSON (a `BTreeMap`
-/// writes its keys in order).
+/// A module list's digest, the same on both sides: SHA-256 of its compact JSON object,
+/// keys in byte order (as a `BTreeMap` writes them), strings escaped as serde_json
+/// escapes them (`{"nvidia":"550.127.05"}`). An agent in another language that writes it
+/// otherwise is never told "unchanged", and keeps sending its list.
 pub fn modules_digest(modules: &BTreeMap<String, String>) -> Digest {
     Digest::of(&serde_json::to_vec(modules).expect("a map of strings is JSON"))
 }
@@ -503,4 +507,18 @@ pub fn tpm_nonce(secret: &[u8], boot_id: &str) -> [u8; 32] {
     h.update(secret);
     h.update(boot_id.as_bytes());
     h.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The encoding is part of the contract: servers of two versions, or an agent of
+    /// another, must agree on it.
+    #[test]
+    fn a_module_lists_digest_is_fixed() {
+        let list = [("nvidia".to_string(), "550.127.05".to_string())].into();
+        assert_eq!(
+            super::modules_digest(&list).to_string(),
+            "sha256:fcc5db880ea853f83c62d00b2caf5660f90cfcc81f4e9abd31017e370d842a01"
+        );
+    }
 }

@@ -48,9 +48,9 @@ fn attested_baseline(report: &AttestReport, gpus: Option<Vec<String>>) -> Baseli
 /// (no GPUs yet: not served to heartbeats), which a validation here completes; a boot
 /// attested or validated by another server is read from the store at its first heartbeat
 /// here. One a node, its latest boot's, and the module lists shared: a baseline lists
-/// every loaded module (some 15 KB on a GPU server), the same on every node of an image,
-/// and kept a boot each, 10,000 nodes would hold 150 MB and a fleet that reboots its old
-/// boots' too. Bounded: past `BASELINES_MAX` nodes it starts over. Another server's
+/// every loaded module (about 20 KB on a GPU server), the same on every node of an image,
+/// and kept a boot each, 10,000 nodes held 200 MB more (BENCHMARKS.md "Stop 46") and a
+/// fleet that reboots its old boots' too. Bounded: past `BASELINES_MAX` nodes it starts over. Another server's
 /// revalidation of a boot is not seen here until this server restarts or starts over; a
 /// passed revalidation within one boot names the GPUs the first one did.
 #[derive(Default)]
@@ -58,14 +58,26 @@ pub struct Baselines(std::sync::Mutex<Known>);
 
 type Modules = std::collections::BTreeMap<String, String>;
 
-#[derive(Default)]
-pub struct Known {
+struct Known {
     nodes: std::collections::HashMap<Mac, Kept>,
     /// The module lists kept baselines hold, each once.
     modules: std::collections::HashSet<Arc<Modules>>,
     /// Module lists past which those no baseline holds are dropped (twice the count
     /// after the last drop, so that dropping costs a constant a list).
     modules_limit: usize,
+}
+
+/// Module lists kept before the first look for unheld ones.
+const MODULE_LISTS_FIRST_LIMIT: usize = 64;
+
+impl Default for Known {
+    fn default() -> Self {
+        Self {
+            nodes: Default::default(),
+            modules: Default::default(),
+            modules_limit: MODULE_LISTS_FIRST_LIMIT,
+        }
+    }
 }
 
 /// A node's boot and its baseline.
@@ -101,7 +113,7 @@ impl Known {
         }
         if self.modules.len() >= self.modules_limit {
             self.modules.retain(|m| Arc::strong_count(m) > 1);
-            self.modules_limit = (2 * self.modules.len()).max(64);
+            self.modules_limit = (2 * self.modules.len()).max(MODULE_LISTS_FIRST_LIMIT);
         }
         self.modules.insert(modules.clone());
         modules
@@ -243,7 +255,7 @@ impl NodeService {
             drift = compare(&baseline, facts);
             modules_sha256 = Some(baseline.modules_sha256);
         }
-        let answer = |action, drift| HeartbeatAnswer {
+        let answered = |action, drift| HeartbeatAnswer {
             baseline_modules_sha256: modules_sha256,
             ..answer(action, drift)
         };
@@ -262,7 +274,7 @@ impl NodeService {
                 match self.reimage.request(mac, &reason, None, None).await {
                     // Waiting for its scheduler's drain: no reboot yet.
                     Ok(a) if !crate::node::reimage::moved_now(&a) => {}
-                    Ok(_) => return Ok(answer(NextAction::Reboot, drift)),
+                    Ok(_) => return Ok(answered(NextAction::Reboot, drift)),
                     // Stays drifted; the next heartbeat asks again, which is the queue.
                     Err(ReimageError::OverBudget(why)) => {
                         tracing::info!(%mac, why, "drifted node waits for the disruption budget")
@@ -270,13 +282,13 @@ impl NodeService {
                     Err(e) => tracing::warn!(%mac, error = %e, "drift policy cannot reimage"),
                 }
             }
-            return Ok(answer(NextAction::None, drift));
+            return Ok(answered(NextAction::None, drift));
         }
         // Read with the node: a heartbeat that changes nothing writes nothing.
         if node.revalidate_requested && store.take_revalidate(mac).await? {
-            return Ok(answer(NextAction::Revalidate, drift));
+            return Ok(answered(NextAction::Revalidate, drift));
         }
-        Ok(answer(NextAction::None, drift))
+        Ok(answered(NextAction::None, drift))
     }
 }
 
