@@ -48,11 +48,12 @@ fn attested_baseline(report: &AttestReport, gpus: Option<Vec<String>>) -> Baseli
 /// (no GPUs yet: not served to heartbeats), which a validation here completes; a boot
 /// attested or validated by another server is read from the store at its first heartbeat
 /// here. One a node, its latest boot's, and the module lists shared: a baseline lists
-/// every loaded module (about 20 KB on a GPU server), the same on every node of an image,
-/// and kept a boot each, 10,000 nodes held 200 MB more (BENCHMARKS.md "Stop 46") and a
-/// fleet that reboots its old boots' too. Bounded: past `BASELINES_MAX` nodes it starts over. Another server's
-/// revalidation of a boot is not seen here until this server restarts or starts over; a
-/// passed revalidation within one boot names the GPUs the first one did.
+/// every loaded module (about 20 KB on a GPU server), the same on every node of an image;
+/// kept a boot each, 10,000 nodes held 200 MB more (BENCHMARKS.md "Stop 46"), and a
+/// fleet that reboots its old boots' too. Bounded: past `BASELINES_MAX` nodes it starts
+/// over. Another server's revalidation of a boot is not seen here until this server
+/// restarts or starts over; a passed revalidation within one boot names the GPUs the
+/// first one did.
 #[derive(Default)]
 pub struct Baselines(std::sync::Mutex<Known>);
 
@@ -141,9 +142,11 @@ impl Baselines {
     /// compared with, but for the GPUs its validation will name. What is kept of the same
     /// boot is not replaced (a validation may have completed it); an earlier boot's is.
     pub fn attested(&self, mac: &Mac, boot_id: &str, report: &AttestReport) {
+        // Made (its list copied and hashed) before the lock every heartbeat takes.
+        let baseline = attested_baseline(report, None);
         let mut known = self.0.lock().expect("not poisoned");
         if known.nodes.get(mac).is_none_or(|k| k.boot_id != boot_id) {
-            known.keep(mac, boot_id, attested_baseline(report, None));
+            known.keep(mac, boot_id, baseline);
         }
     }
 
